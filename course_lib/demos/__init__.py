@@ -1,0 +1,1 @@
+"""Entry points for `torchrun` and `python -m` demos (see README, "Running on GPUs")."""

@@ -1,0 +1,128 @@
+"""Tiny models and data used across the course.
+
+They are small on purpose: every notebook must run on a 2-core laptop CPU. They teach the
+mechanism; a parameter cell in each notebook scales them up for GPU demos.
+
+* ``TinyMLP``       -- a stack of Linear+GELU layers (data parallel, mixed precision, accumulation).
+* ``TinyGPT``       -- a nanoGPT-style decoder-only transformer (``n_layer``, ``n_head``, ``n_embd``).
+* ``make_regression`` / ``make_tokens`` -- seeded synthetic data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TinyMLP(nn.Module):
+    """``n_layers`` Linear layers with GELU between them.
+
+    Shapes: input ``(B, d_in)`` -> output ``(B, d_out)``.
+    """
+
+    def __init__(self, d_in: int = 16, d_hidden: int = 64, d_out: int = 1, n_layers: int = 3):
+        super().__init__()
+        if min(d_in, d_hidden, d_out) < 1 or n_layers < 1:
+            raise ValueError(
+                f"TinyMLP sizes must be positive (got d_in={d_in}, d_hidden={d_hidden}, "
+                f"d_out={d_out}, n_layers={n_layers})"
+            )
+        dims = [d_in] + [d_hidden] * (n_layers - 1) + [d_out]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = F.gelu(x)
+        return x
+
+
+def make_regression(n: int = 256, d_in: int = 16, d_out: int = 1, seed: int = 0, noise: float = 0.1):
+    """A seeded linear-regression data set ``(X, y)`` with ``X: (n, d_in)``, ``y: (n, d_out)``."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d_in, generator=g)
+    w = torch.randn(d_in, d_out, generator=g)
+    y = X @ w + noise * torch.randn(n, d_out, generator=g)
+    return X, y
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one fused QKV projection, one output projection."""
+
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        # (B, T, C) -> (B, n_head, T, head_dim)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, n_head, T, T)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = att @ v  # (B, n_head, T, head_dim)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) with a 4x MLP."""
+
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head)
+        self.ln2 = nn.LayerNorm(n_embd)
+        self.fc = nn.Linear(n_embd, 4 * n_embd)
+        self.fc_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """A decoder-only transformer in the style of nanoGPT (Radford et al. 2019, GPT-2).
+
+    Shapes: token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``. The LM head is tied to the
+    token embedding, as in GPT-2.
+    """
+
+    def __init__(self, vocab_size: int = 64, block_size: int = 32, n_layer: int = 2,
+                 n_head: int = 2, n_embd: int = 32):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        if T > self.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, n_embd)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
+
+
+def make_tokens(n: int = 64, block_size: int = 32, vocab_size: int = 64, seed: int = 0):
+    """Seeded next-token data ``(x, y)``, both ``(n, block_size)``: a noisy counting sequence
+    (each token is the previous one plus one, modulo ``vocab_size``), learnable by a tiny GPT."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, vocab_size, (n, 1), generator=g)
+    seq = (start + torch.arange(block_size + 1)) % vocab_size  # (n, block_size + 1)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
