@@ -1,0 +1,283 @@
+"""Tests of course_lib.estimate: the published formulas and tables, and measurements in PyTorch.
+
+Expected values are written out by hand from the papers (the formula as printed, evaluated here),
+never by calling the function under test twice.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from course_lib import estimate as E
+from course_lib.models import Block, TinyGPT
+
+
+# --------------------------------------------------------------------------- FLOPs vs FlopCounterMode
+
+@pytest.mark.parametrize("B,d_in,d_out", [(1, 1, 1), (3, 5, 7), (8, 64, 16)])
+def test_dense_flops_match_flop_counter(B, d_in, d_out):
+    torch.manual_seed(0)
+    layer = nn.Linear(d_in, d_out)
+    x = torch.randn(B, d_in, requires_grad=True)
+    _, fwd, _ = E.count_flops(layer, x)
+    assert fwd == E.dense_forward_flops(B, d_in, d_out) == 2 * B * d_in * d_out
+
+    _, train, per_op = E.count_flops(lambda: layer(x).sum().backward())
+    assert train == E.dense_training_flops(B, d_in, d_out) == 6 * B * d_in * d_out
+    # the backward's two matmuls (dX and dW) are both counted as aten.mm
+    assert per_op["aten.mm"] == 4 * B * d_in * d_out
+
+    x_data = torch.randn(B, d_in)  # data input: no dX in the backward
+    _, train_first, _ = E.count_flops(lambda: layer(x_data).sum().backward())
+    assert train_first == E.dense_training_flops(B, d_in, d_out, input_requires_grad=False)
+    assert train_first == 4 * B * d_in * d_out
+
+
+@pytest.mark.parametrize("B,n,d,a", [(2, 16, 32, 4), (3, 7, 24, 3), (1, 33, 16, 1)])
+def test_transformer_layer_flops_match_flop_counter(B, n, d, a):
+    torch.manual_seed(0)
+    block = Block(d, a)
+    x = torch.randn(B, n, d, requires_grad=True)
+    expected = 24 * B * n * d * d + 4 * B * n * n * d  # Narayanan et al. 2021, §5.1
+    _, fwd, _ = E.count_flops(block, x)
+    assert fwd == E.transformer_layer_flops(B, n, d) == expected
+    _, train, _ = E.count_flops(lambda: block(x).sum().backward())
+    assert train == 3 * expected
+
+
+def test_breakdown_terms_and_ffn_mult():
+    B, n, d = 2, 5, 8
+    parts = E.transformer_layer_flops_breakdown(B, n, d)
+    assert parts == {"qkv": 6 * B * n * d * d, "scores": 2 * B * n * n * d,
+                     "weighted_sum": 2 * B * n * n * d, "out_proj": 2 * B * n * d * d,
+                     "ffn": 16 * B * n * d * d}
+    # a 2d FFN halves the FFN term only
+    assert E.transformer_layer_flops_breakdown(B, n, d, ffn_mult=2)["ffn"] == 8 * B * n * d * d
+
+
+def test_gpt_training_flops_match_flop_counter_and_6N():
+    torch.manual_seed(0)
+    L, V, T, d, a, B = 2, 64, 16, 32, 4, 3
+    model = TinyGPT(vocab_size=V, block_size=T, n_layer=L, n_head=a, n_embd=d)
+    idx = torch.randint(0, V, (B, T))
+    _, counted, _ = E.count_flops(lambda: model(idx).sum().backward())
+    assert counted == E.gpt_training_flops(L, B, T, d, vocab_size=V)
+    # Kaplan's 6N per token counts the matmul weights N' = 12 L d^2 + V d (the tied LM head), and
+    # leaves out the attention term 12 L n d per token (forward 4 B n^2 d per layer, times 3).
+    tokens = B * T
+    n_matmul = 12 * L * d * d + V * d
+    assert counted == E.training_flops(n_matmul, tokens) + 12 * L * T * d * tokens
+
+
+@pytest.mark.parametrize("L,d,V,T", [(2, 32, 64, 32), (3, 48, 50, 7), (1, 8, 1, 1)])
+def test_param_count_matches_tinygpt(L, d, V, T):
+    model = TinyGPT(vocab_size=V, block_size=T, n_layer=L, n_head=2 if d % 2 == 0 else 1, n_embd=d)
+    assert E.gpt_param_count(L, d, V, T) == sum(p.numel() for p in model.parameters())
+
+
+def test_param_count_gpt2_sizes():
+    # GPT-2 small and medium (Radford et al. 2019), by hand: L(12d^2+13d) + Vd + n_ctx d + 2d
+    assert E.gpt_param_count(12, 768, 50257, 1024) == 124_439_808
+    assert E.gpt_param_count(24, 1024, 50257, 1024) == 354_823_168
+    # the seed's count is the per-layer part only
+    assert E.gpt_param_count(24, 1024) == 24 * (12 * 1024 ** 2 + 13 * 1024) + 2 * 1024
+    assert E.gpt_param_count(1, 4, 10, 0, tied_embeddings=False) == 12 * 16 + 13 * 4 + 2 * 40 + 8
+
+
+def test_6N():
+    assert E.training_flops_per_token(7e9) == 42e9
+    assert E.training_flops(1e9, 2e12) == 6 * 1e9 * 2e12
+
+
+# --------------------------------------------------------------------------- model states
+
+def test_seed_7b_fp32_adam_is_112_gb():
+    s = E.model_state_bytes(7e9, "fp32", "adam")
+    assert s == {"parameters": 28e9, "gradients": 28e9, "optimizer_states": 56e9}
+    assert sum(s.values()) / E.GB == 112.0
+    # mixed precision Adam is also 16 bytes per parameter (2 + 2 + 12), ZeRO §3.1
+    assert sum(E.model_state_bytes(7e9, "mixed", "adam").values()) == 112e9
+
+
+@pytest.mark.parametrize("precision,optimizer,per_param,k", [
+    ("fp32", "adam", 16, 8), ("fp32", "sgd", 8, 0), ("fp32", "sgd_momentum", 12, 4),
+    ("mixed", "adam", 16, 12), ("mixed", "sgd", 8, 4), ("mixed", "sgd_momentum", 12, 8),
+])
+def test_bytes_per_param(precision, optimizer, per_param, k):
+    assert sum(E.model_state_bytes(1000, precision, optimizer).values()) == per_param * 1000
+    assert E.optimizer_k(precision, optimizer) == k
+
+
+def test_zero_figure_1():
+    # Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N = 64, K = 12 -> 120, 31.4, 16.6, 1.9 GB
+    psi, N, K = 7.5e9, 64, 12
+    by_hand = [(4 + K) * psi, 4 * psi + K * psi / N, 2 * psi + (2 + K) * psi / N, (4 + K) * psi / N]
+    printed = [120.0, 31.4, 16.6, 1.9]
+    for stage in range(4):
+        total = sum(E.zero_model_state_bytes(psi, stage, N).values())
+        assert total == pytest.approx(by_hand[stage], rel=1e-12)
+        assert round(total / E.GB, 1) == printed[stage]
+
+
+def test_zero_parts_and_one_device():
+    parts = E.zero_model_state_bytes(100, 2, 4)
+    assert parts == {"parameters": 200, "gradients": 50, "optimizer_states": 300}
+    for stage in range(4):  # with N = 1 partitioning changes nothing
+        assert E.zero_model_state_bytes(10, stage, 1) == E.model_state_bytes(10, "mixed", "adam")
+
+
+def test_largest_model_that_fits():
+    M = 80e9
+    assert E.largest_model_that_fits(M, 0, 8) == pytest.approx(5e9)          # 80 GB / 16 B
+    assert E.largest_model_that_fits(M, 3, 8) == pytest.approx(40e9)         # 80 GB * 8 / 16 B
+    assert E.largest_model_that_fits(M, 1, 4) == pytest.approx(80e9 / (4 + 12 / 4))
+    assert E.largest_model_that_fits(M, 0, 1, reserved_bytes=16e9) == pytest.approx(4e9)
+    for stage in range(4):  # the answer fills the device exactly
+        psi = E.largest_model_that_fits(M, stage, 16, reserved_bytes=1e9)
+        assert sum(E.zero_model_state_bytes(psi, stage, 16).values()) + 1e9 == pytest.approx(M)
+
+
+def test_measured_model_states_of_tinygpt():
+    torch.manual_seed(0)
+    model = TinyGPT()
+    idx = torch.randint(0, 64, (2, 32))
+    n = sum(p.numel() for p in model.parameters())
+    n_tensors = len(list(model.parameters()))
+
+    for opt_cls, name, extra in [(torch.optim.Adam, "adam", 4 * n_tensors),  # Adam's 1-element fp32 step
+                                 (torch.optim.SGD, "sgd", 0)]:
+        model.zero_grad(set_to_none=True)
+        opt = opt_cls(model.parameters(), lr=1e-3)
+        model(idx).sum().backward()
+        opt.step()
+        measured = E.measured_model_state_bytes(model, opt)
+        predicted = E.model_state_bytes(n, "fp32", name)
+        assert measured["parameters"] == predicted["parameters"]
+        assert measured["gradients"] == predicted["gradients"]
+        assert measured["optimizer_states"] == predicted["optimizer_states"] + extra
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt.step()
+    assert (E.measured_model_state_bytes(model, opt)["optimizer_states"]
+            == E.model_state_bytes(n, "fp32", "sgd_momentum")["optimizer_states"])
+
+
+# --------------------------------------------------------------------------- activations
+
+# Korthikanti et al. 2022, Table 2, typed in as printed (bytes per layer)
+TABLE_2 = {
+    ("none", 1, False): lambda s, b, h, a, t: s * b * h * (34 + 5 * a * s / h),
+    ("none", "t", False): lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+    ("none", "t", True): lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / (h * t)),
+    ("selective", "t", False): lambda s, b, h, a, t: s * b * h * (10 + 24 / t),
+    ("selective", "t", True): lambda s, b, h, a, t: s * b * h * (34 / t),
+    ("full", "t", False): lambda s, b, h, a, t: 2 * s * b * h,
+}
+
+
+@pytest.mark.parametrize("s,b,h,a,t", [
+    (2048, 1, 12288, 96, 8),    # GPT-3 175B in Korthikanti Table 3
+    (2048, 1, 20480, 128, 8),   # 530B
+    (1024, 8, 1024, 16, 4),     # GPT-2 medium-like
+    (100, 3, 40, 5, 5),
+])
+def test_korthikanti_table_2(s, b, h, a, t):
+    for (recompute, tdeg, sp), formula in TABLE_2.items():
+        tt = 1 if tdeg == 1 else t
+        got = E.activation_bytes_per_layer(s, b, h, a, tp=tt, sequence_parallel=sp,
+                                           recompute=recompute)
+        assert got == pytest.approx(formula(s, b, h, a, tt), rel=1e-12), (recompute, tt, sp)
+
+
+def test_gpt3_per_layer_numbers():
+    # s=2048, b=1, h=12288, a=96: 5as/h = 80, so 114 sbh without parallelism; t=8 with SP: 14.25 sbh
+    s, b, h, a = 2048, 1, 12288, 96
+    assert E.activation_bytes_per_layer(s, b, h, a) == 114 * s * b * h
+    assert E.activation_bytes_per_layer(s, b, h, a, tp=8, sequence_parallel=True) == 14.25 * s * b * h
+
+
+def test_terms_sum_to_eq_1():
+    s, b, h, a = 64, 2, 32, 4
+    terms = E.activation_bytes_terms(s, b, h, a)
+    attention = sum(terms[k] for k in ("qkv_input", "q_k", "v", "softmax_output",
+                                       "softmax_dropout_mask", "softmax_dropout_output",
+                                       "out_proj_input")) + s * b * h  # + attention dropout mask
+    mlp = terms["mlp_input"] + terms["gelu_input"] + terms["fc2_input"] + s * b * h
+    assert attention == 11 * s * b * h + 5 * a * s * s * b  # §4.1, attention block
+    assert mlp == 19 * s * b * h                            # §4.1, MLP
+    assert terms["layernorm_inputs"] == 4 * s * b * h        # §4.1, layer norms
+    assert sum(terms.values()) == 34 * s * b * h + 5 * a * s * s * b
+
+
+@pytest.mark.parametrize("dtype,p", [(torch.float32, 4), (torch.bfloat16, 2)])
+@pytest.mark.parametrize("B,n,d,a", [(2, 16, 32, 4), (3, 10, 24, 3)])
+def test_saved_activations_of_block_match_formula(dtype, p, B, n, d, a):
+    """PyTorch saves exactly the no-dropout terms, plus two implementation extras:
+    each LayerNorm's per-row mean and 1/std (2 LN x 2 x s*b values) and the causal mask (n*n bools)."""
+    torch.manual_seed(0)
+    block = Block(d, a).to(dtype)
+    x = torch.randn(B, n, d, dtype=dtype, requires_grad=True)
+    _, measured, _ = E.saved_activation_bytes(block, x, exclude=list(block.parameters()))
+    formula = E.activation_bytes_per_layer(n, B, d, a, bytes_per_value=p, dropout=False)
+    assert formula == n * B * d * 16 * p + a * n * n * B * p
+    extras = 2 * 2 * n * B * p + n * n
+    assert measured == formula + extras
+
+
+def test_full_recompute_saves_only_the_input():
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    B, n, d, a = 2, 16, 32, 4
+    block = Block(d, a)
+    x = torch.randn(B, n, d, requires_grad=True)
+    _, measured, _ = E.saved_activation_bytes(
+        lambda: checkpoint(block, x, use_reentrant=False), exclude=list(block.parameters()))
+    assert measured == E.activation_bytes_per_layer(n, B, d, a, recompute="full", bytes_per_value=4)
+
+
+def test_training_memory_combines_parts():
+    mem = E.training_memory(7e9, 32, 4096, 1, 4096, 32, zero_stage=3, dp_degree=8, tp=2,
+                            sequence_parallel=True, recompute="selective")
+    assert mem["parameters"] == pytest.approx(2 * 7e9 / 8 / 2)
+    assert mem["optimizer_states"] == pytest.approx(12 * 7e9 / 8 / 2)
+    assert mem["activations"] == pytest.approx(32 * 4096 * 4096 * 34 / 2)
+    fp32 = E.training_memory(1e6, 2, 16, 2, 32, 4, precision="fp32")
+    # fp32 values are 4 bytes; dropout masks stay 1 byte: sbh(16*4 + 2) + as^2b(2*4 + 1)
+    assert fp32["activations"] == 2 * (16 * 2 * 32 * 66 + 4 * 16 * 16 * 2 * 9)
+
+
+# --------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: E.dense_forward_flops(-1, 4, 4), "batch must be >= 1"),
+    (lambda: E.transformer_layer_flops(2, 0, 8), "seq must be >= 1"),
+    (lambda: E.gpt_param_count(2, 8, vocab_size=-5), "vocab_size must be >= 0"),
+    (lambda: E.model_state_bytes(-7e9), "n_params must be positive"),
+    (lambda: E.model_state_bytes(7e9, "fp8"), "precision='fp8'"),
+    (lambda: E.model_state_bytes(7e9, optimizer="lion"), "optimizer='lion'"),
+    (lambda: E.zero_model_state_bytes(7e9, 4, 8), "stage must be 0, 1, 2 or 3"),
+    (lambda: E.zero_model_state_bytes(7e9, 1, 0), "dp_degree must be >= 1"),
+    (lambda: E.activation_bytes_per_layer(128, 1, 96, 12, tp=5), "tp=5 does not divide heads=12"),
+    (lambda: E.activation_bytes_per_layer(10, 1, 96, 12, tp=4, sequence_parallel=True),
+     "divisible by 4"),
+    (lambda: E.activation_bytes_per_layer(16, 1, 30, 4), "hidden=30 is not divisible by heads=4"),
+    (lambda: E.activation_bytes_per_layer(16, 1, 32, 4, recompute="some"), "recompute='some'"),
+    (lambda: E.largest_model_that_fits(80e9, 0, 1, reserved_bytes=90e9), "nothing fits"),
+    (lambda: E.largest_model_that_fits(-1, 0, 1), "device_bytes must be positive"),
+])
+def test_bad_input_raises_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_non_integer_sizes_raise_type_error():
+    with pytest.raises(TypeError, match="batch must be an integer"):
+        E.dense_forward_flops(2.5, 4, 4)
+    with pytest.raises(TypeError, match="n_params must be a number"):
+        E.model_state_bytes("7B")
+
+
+def test_gb_is_decimal():
+    assert E.GB == 1e9 and not math.isclose(E.GB, 2 ** 30)
