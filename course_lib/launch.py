@@ -1,0 +1,497 @@
+"""The virtual cluster: real processes, a real ``torch.distributed`` process group, one call away.
+
+::
+
+    from course_lib.launch import Cluster, run
+
+    def hello(rank, world_size):
+        import torch, torch.distributed as dist
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t)               # a real collective over gloo (CPU) or NCCL (GPUs)
+        return t.item()
+
+    run(hello, 4)                        # -> [6.0, 6.0, 6.0, 6.0]
+    with Cluster(4) as cluster:          # warm workers: the start-up is paid once
+        cluster.run(hello)
+
+How it works. ``Cluster(n)`` starts ``n`` fresh Python interpreters (the equivalent of
+multiprocessing's *spawn* start method: nothing is inherited but the two pipes below). The caller hosts
+a ``TCPStore``; every rank joins it and calls ``init_process_group``. A call ships ``(fn, args)`` to all
+ranks by value with cloudpickle (so functions defined in a notebook work), runs ``fn(rank, world_size,
+*args)`` and sends the return value back. stdout/stderr of each rank are read by the caller and
+printed with a ``[rank r]`` prefix, whole lines.
+
+Failures never hang the caller: an exception on a rank or a dead rank raises :class:`RankError` naming
+the rank(s) with the remote traceback or exit code; a call that does not finish within ``timeout``
+seconds raises :class:`TimeoutError`. Ranks that may be stuck are stopped, and the next call starts
+fresh workers.
+
+The same worker functions run under ``torchrun`` through :func:`init_from_env` (see
+``course_lib/demos/hello.py``). :func:`jax_cpu_devices` gives JAX ``n`` simulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import cloudpickle
+
+from course_lib._worker import SENTINEL
+
+__all__ = ["Cluster", "RankError", "run", "init_from_env", "device", "jax_cpu_devices"]
+
+_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GRACE_S = 3.0  # after one rank fails, how long the others get to finish on their own
+_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+class RankError(RuntimeError):
+    """One or more ranks raised an exception or died.
+
+    Attributes:
+        failures: ``{rank: text}`` with the remote traceback or the exit description per failed rank.
+        ranks: the failed ranks, sorted.
+    """
+
+    def __init__(self, fn_name: str, failures: dict[int, str], stopped: list[int] | None = None):
+        self.failures = dict(sorted(failures.items()))
+        self.ranks = sorted(failures)
+        self.stopped = sorted(stopped or [])
+        parts = [f"{fn_name} failed on rank(s) {', '.join(map(str, self.ranks))}"]
+        if self.stopped:
+            parts[0] += (f"; rank(s) {', '.join(map(str, self.stopped))} were still waiting "
+                         f"(probably in a collective with the failed rank) and were stopped")
+        for r, text in self.failures.items():
+            parts.append(f"--- rank {r} ---\n{text.rstrip()}")
+        super().__init__("\n".join(parts))
+
+
+def _check_world_size(world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__} ({world_size!r})")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    return world_size
+
+
+def _resolve_backend(backend: str | None, world_size: int) -> str:
+    """``None`` -> NCCL when there is one GPU per rank, else gloo. Checks an explicit choice."""
+    import torch
+
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:
+        return "nccl" if n_gpu >= world_size else "gloo"
+    if not isinstance(backend, str) or backend.lower() not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None (pick automatically), got {backend!r}")
+    backend = backend.lower()
+    if backend == "nccl" and n_gpu < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: world_size={world_size} but {n_gpu} GPU(s) are "
+            f"visible. Use backend='gloo' (CPU) or backend=None, or ask for at most {n_gpu} ranks.")
+    return backend
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the process died from {name} (exit code {code})"
+    return f"the process exited with code {code} before returning a result"
+
+
+class _Rank:
+    """Caller-side handle of one worker process."""
+
+    def __init__(self, rank: int, proc: subprocess.Popen, tasks: Connection, results: Connection,
+                 out: "queue.Queue[tuple[int, str | None]]"):
+        self.rank, self.proc, self.tasks, self.results = rank, proc, tasks, results
+        self.reader = threading.Thread(target=self._read, args=(out,), daemon=True)
+        self.reader.start()
+
+    def _read(self, out: "queue.Queue[tuple[int, str | None]]") -> None:
+        for raw in iter(self.proc.stdout.readline, b""):
+            out.put((self.rank, raw.decode("utf-8", "replace").rstrip("\n")))
+        out.put((self.rank, None))
+
+    def stop(self, kill: bool) -> None:
+        if kill:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+        else:
+            try:
+                self.tasks.send(("exit",))
+            except (OSError, ValueError):
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for conn in (self.tasks, self.results):
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self.reader.join(timeout=2)
+        self.proc.stdout.close()
+
+
+class Cluster:
+    """``world_size`` warm ranks with an initialised default process group.
+
+    Args:
+        world_size: number of ranks (processes), >= 1.
+        backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` to pick NCCL when there are
+            at least ``world_size`` GPUs, else gloo.
+        timeout: default seconds a :meth:`run` call may take before :class:`TimeoutError`.
+        threads: ``torch.set_num_threads`` in every rank (1 avoids oversubscribing a laptop).
+        output: ``"ordered"`` prints each call's rank output after the call, rank by rank (reads well,
+            deterministic); ``"live"`` prints lines as they arrive.
+
+    Use as a context manager; the workers are also stopped at interpreter exit.
+    """
+
+    def __init__(self, world_size: int, backend: str | None = None, timeout: float = 120.0,
+                 threads: int = 1, output: str = "ordered"):
+        self.world_size = _check_world_size(world_size)
+        self.backend = _resolve_backend(backend, self.world_size)
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if output not in ("ordered", "live"):
+            raise ValueError(f"output must be 'ordered' or 'live', got {output!r}")
+        if not (isinstance(threads, int) and threads >= 1):
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        self.timeout = float(timeout)
+        self.threads = threads
+        self.output = output
+        self._ranks: list[_Rank] = []
+        self._out: "queue.Queue[tuple[int, str | None]]" = queue.Queue()
+        self._store = None
+        self._task_id = 0
+        self.starts = 0  # how many times workers were (re)started; shown by the notebooks
+        _live_clusters.add(self)
+        self._start()
+
+    # ----------------------------------------------------------------------------- life cycle
+    def _start(self) -> None:
+        import torch.distributed as dist
+        from datetime import timedelta
+
+        pg_timeout = max(self.timeout, 30.0)
+        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size, True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=pg_timeout))
+        self._out = queue.Queue()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([_PKG_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env and sys.platform.startswith("linux"):
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on loopback: the virtual cluster is one machine
+        env.setdefault("OMP_NUM_THREADS", str(self.threads))
+        ranks = []
+        try:
+            for r in range(self.world_size):
+                task_r, task_w = os.pipe()
+                res_r, res_w = os.pipe()
+                env.update(COURSE_RANK=str(r), COURSE_WORLD_SIZE=str(self.world_size),
+                           COURSE_TASK_FD=str(task_r), COURSE_RESULT_FD=str(res_w),
+                           COURSE_PARENT_PID=str(os.getpid()), COURSE_BACKEND=self.backend,
+                           COURSE_THREADS=str(self.threads), COURSE_PG_TIMEOUT=str(pg_timeout),
+                           COURSE_STORE_HOST="127.0.0.1", COURSE_STORE_PORT=str(self._store.port))
+                proc = subprocess.Popen([sys.executable, "-u", "-m", "course_lib._worker"],
+                                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, pass_fds=(task_r, res_w))
+                os.close(task_r)
+                os.close(res_w)
+                rank = _Rank(r, proc, Connection(task_w, readable=False),
+                             Connection(res_r, writable=False), self._out)
+                ranks.append(rank)
+                rank.tasks.send(("init", list(sys.path)))
+            self._ranks = ranks
+            self._wait_ready()
+        except BaseException:
+            for rank in ranks:
+                rank.stop(kill=True)
+            self._ranks = []
+            raise
+        self.starts += 1
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + max(self.timeout, 60.0)
+        pending = {rk.results: rk for rk in self._ranks}
+        lines: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
+        failures: dict[int, str] = {}
+        while pending:
+            for conn in wait(list(pending), timeout=0.05):
+                rk = pending.pop(conn)
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    msg = ("init_error", _exit_description(rk.proc.wait()))
+                if msg[0] != "ready":
+                    failures[rk.rank] = msg[1]
+            self._drain(lines)
+            if failures:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {self.world_size} ranks did not initialise their process group "
+                                   f"within {max(self.timeout, 60.0):.0f} s")
+        if failures:
+            self._drain(lines)
+            out = "\n".join(f"[rank {r}] {ln}" for r in sorted(lines) for ln in lines[r])
+            raise RankError("starting the cluster", {r: (out + "\n" if out else "") + t
+                                                     for r, t in failures.items()})
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force). Safe to call twice."""
+        for rank in self._ranks:
+            rank.stop(kill=False)
+        self._ranks = []
+        self._store = None
+
+    def _kill(self) -> None:
+        for rank in self._ranks:
+            rank.stop(kill=True)
+        self._ranks = []
+        self._store = None
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._kill()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current workers (empty when stopped)."""
+        return [rk.proc.pid for rk in self._ranks]
+
+    def __repr__(self) -> str:
+        state = "running" if self._ranks else "stopped"
+        return f"Cluster(world_size={self.world_size}, backend={self.backend!r}, {state})"
+
+    # ----------------------------------------------------------------------------- output
+    def _drain(self, lines: dict[int, list[str]], done: set[int] | None = None) -> None:
+        """Move queued output lines into ``lines`` (or print them live); note sentinels in ``done``."""
+        while True:
+            try:
+                r, text = self._out.get_nowait()
+            except queue.Empty:
+                return
+            if text is None:
+                continue
+            if text.endswith(SENTINEL):
+                text = text[: -len(SENTINEL)]
+                if done is not None:
+                    done.add(r)
+                if not text:
+                    continue
+            if self.output == "live":
+                print(f"[rank {r}] {text}", flush=True)
+            else:
+                lines[r].append(text)
+
+    def _flush(self, lines: dict[int, list[str]]) -> None:
+        for r in sorted(lines):
+            for text in lines[r]:
+                print(f"[rank {r}] {text}")
+            lines[r] = []
+        sys.stdout.flush()
+
+    # ----------------------------------------------------------------------------- running
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
+        """Run ``fn(rank, world_size, *args)`` on every rank; return the values in rank order.
+
+        Raises:
+            TypeError: ``fn`` is not callable, or ``fn``/``args`` cannot be pickled.
+            RankError: a rank raised (its traceback is included) or died (its exit code is included).
+            TimeoutError: the call took longer than ``timeout`` (default: the cluster's).
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be a callable taking (rank, world_size, *args), got "
+                            f"{type(fn).__name__} ({fn!r})")
+        name = getattr(fn, "__name__", repr(fn))
+        try:
+            payload = cloudpickle.dumps((fn, args))
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(f"{name} or its arguments could not be pickled to send them to the ranks "
+                            f"({type(exc).__name__}: {exc}); pass plain data and tensors") from exc
+        timeout = self.timeout if timeout is None else float(timeout)
+        if not self._ranks:
+            self._start()
+        self._task_id += 1
+        task_id = self._task_id
+        for rk in self._ranks:
+            rk.tasks.send(("task", task_id, payload))
+
+        lines: dict[int, list[str]] = {r: [] for r in range(self.world_size)}
+        done: set[int] = set()
+        results: dict[int, Any] = {}
+        failures: dict[int, str] = {}
+        pending = {rk.results: rk for rk in self._ranks}
+        deadline = time.monotonic() + timeout
+        grace_end = None
+        try:
+            while pending:
+                for conn in wait(list(pending), timeout=0.05):
+                    rk = pending.pop(conn)
+                    try:
+                        _, tid, ok, data = conn.recv()
+                    except (EOFError, OSError):
+                        code = rk.proc.wait()
+                        failures[rk.rank] = _exit_description(code)
+                        done.add(rk.rank)
+                        continue
+                    if ok:
+                        results[rk.rank] = cloudpickle.loads(data)
+                    else:
+                        failures[rk.rank] = data
+                self._drain(lines, done)
+                now = time.monotonic()
+                if failures and grace_end is None:
+                    grace_end = now + _GRACE_S
+                if grace_end is not None and now > grace_end:
+                    break
+                if now > deadline:
+                    stuck = sorted(rk.rank for rk in pending.values())
+                    self._drain(lines, done)
+                    self._flush(lines)
+                    self._kill()
+                    raise TimeoutError(
+                        f"{name} did not finish within {timeout:g} s on rank(s) {stuck} "
+                        f"(a hang: often mismatched collectives, e.g. one rank skipped an all_reduce "
+                        f"or waits for a recv nobody sends). The workers were stopped; the next call "
+                        f"starts fresh ones. Pass timeout=... if the work is just slow.")
+        except KeyboardInterrupt:
+            self._flush(lines)
+            self._kill()
+            raise
+
+        stopped = sorted(rk.rank for rk in pending.values())
+        # Wait briefly for the rest of the output of ranks that finished (their sentinel line).
+        alive = {rk.rank for rk in self._ranks} - set(stopped)
+        t_end = time.monotonic() + 2.0
+        while not alive <= done and time.monotonic() < t_end:
+            time.sleep(0.005)
+            self._drain(lines, done)
+        self._drain(lines, done)
+        if failures:
+            self._flush(lines)
+            if stopped or any(rk.proc.poll() is not None for rk in self._ranks):
+                self._kill()  # the process group is no longer usable: respawn on the next call
+            raise RankError(name, failures, stopped)
+        self._flush(lines)
+        return [results[r] for r in range(self.world_size)]
+
+
+def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None,
+        timeout: float = 120.0) -> list[Any]:
+    """Start ``world_size`` ranks, run ``fn(rank, world_size, *args)`` on each, stop them.
+
+    Returns the per-rank return values as a list in rank order. For several calls, keep a
+    :class:`Cluster` open instead: starting the processes costs seconds, a warm call milliseconds.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable taking (rank, world_size, *args), got "
+                        f"{type(fn).__name__} ({fn!r})")
+    with Cluster(world_size, backend=backend, timeout=timeout) as cluster:
+        return cluster.run(fn, *args)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for cluster in list(_live_clusters):
+        try:
+            cluster._kill()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# --------------------------------------------------------------------------------- torchrun
+def init_from_env(backend: str | None = None) -> tuple[int, int]:
+    """Initialise the default process group from ``torchrun``'s environment; return ``(rank, world_size)``.
+
+    ``torchrun --nproc_per_node=N [--nnodes=M ...] -m course_lib.demos.hello`` sets ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. With ``backend=None`` each rank
+    uses NCCL on GPU ``LOCAL_RANK`` when the node has enough GPUs, else gloo on CPU. The worker
+    functions written for :class:`Cluster` can then be called as ``fn(rank, world_size, *args)``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"init_from_env() needs torchrun's environment; {', '.join(missing)} not set. "
+                           f"Start the script with: torchrun --nproc_per_node=2 -m course_lib.demos.hello")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    if backend is None:
+        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend = "nccl" if n_gpu >= local_world else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def device():
+    """The device this rank computes on: ``cuda:<current>`` under NCCL, else CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------------- JAX
+def jax_cpu_devices(n: int):
+    """Give JAX ``n`` simulated CPU devices and return them (a list of ``n`` devices).
+
+    Must run before JAX executes anything in this process (JAX fixes its devices on first use). On
+    JAX >= 0.4.38 this sets ``jax_num_cpu_devices``; older versions read
+    ``--xla_force_host_platform_device_count`` from ``XLA_FLAGS``, which is set too.
+
+    Raises:
+        RuntimeError: JAX was already initialised with fewer than ``n`` CPU devices (restart the
+            kernel and call this first).
+    """
+    _check_world_size(n)
+    flag = f"--xla_force_host_platform_device_count={n}"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except AttributeError:  # very old JAX: XLA_FLAGS alone does it
+        pass
+    except RuntimeError:  # backends already initialised: fine if there are enough devices
+        pass
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise RuntimeError(
+            f"JAX is already initialised with {len(devices)} CPU device(s) but {n} were asked for. "
+            f"Restart the kernel (or the Python process) and call jax_cpu_devices({n}) before any "
+            f"other JAX operation.")
+    return devices[:n]

@@ -1,0 +1,314 @@
+"""The virtual cluster: results, warm workers, every failure mode, output, torchrun, JAX devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from course_lib.launch import Cluster, RankError, init_from_env, jax_cpu_devices, run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- worker functions (importable: shipped by reference; notebook functions are tested below) ----
+def all_reduce_rank(rank, world_size, n):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((n,), float(rank))
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def whoami(rank, world_size):
+    import os
+
+    return rank, world_size, os.getpid()
+
+
+def raise_on(rank, world_size, bad_rank):
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    dist.barrier()  # the healthy ranks block here, waiting for the failed one
+    return rank
+
+
+def exit_on(rank, world_size, bad_rank, how):
+    import os
+    import signal
+
+    if rank == bad_rank:
+        if how == "exit":
+            os._exit(7)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rank
+
+
+def mismatched_collectives(rank, world_size):
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.barrier()  # nobody else joins: a hang
+    return rank
+
+
+def chatty(rank, world_size):
+    import sys
+
+    print("x" * 5000 + f"|end of rank {rank}")
+    print(f"second line from rank {rank}", file=sys.stderr)
+    return rank
+
+
+def unpicklable_result(rank, world_size):
+    import threading
+
+    return threading.Lock()
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0): check its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_all_gone(pids, within=5.0):
+    end = time.monotonic() + within
+    while time.monotonic() < end and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)], f"worker processes left behind: {pids}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(3, timeout=60) as c:
+        yield c
+
+
+# ---------------------------------------------------------------------------------- results
+def test_run_returns_values_in_rank_order():
+    assert run(all_reduce_rank, 2, 3) == [[1.0, 1.0, 1.0]] * 2
+
+
+def test_world_size_one():
+    assert run(whoami, 1)[0][:2] == (0, 1)
+
+
+def test_cluster_reuses_warm_workers(cluster):
+    first = cluster.run(whoami)
+    second = cluster.run(whoami)
+    assert [r[:2] for r in first] == [(0, 3), (1, 3), (2, 3)]
+    assert [r[2] for r in first] == [r[2] for r in second] == cluster.pids
+    assert cluster.run(all_reduce_rank, 2) == [[3.0, 3.0]] * 3
+
+
+def test_lambda_and_closure_are_shipped_by_value(cluster):
+    offset = 100
+    assert cluster.run(lambda rank, ws: rank + offset) == [100, 101, 102]
+
+
+# ---------------------------------------------------------------------------------- failures
+def test_exception_names_rank_and_carries_traceback_then_recovers(cluster):
+    with pytest.raises(RankError) as info:
+        cluster.run(raise_on, 1, timeout=30)
+    err = info.value
+    assert err.ranks == [1]
+    assert "deliberate failure on rank 1" in err.failures[1]
+    assert "Traceback" in err.failures[1] and "raise_on" in err.failures[1]
+    assert "rank(s) 1" in str(err)
+    assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+
+
+def test_exception_on_every_rank_keeps_workers(cluster):
+    def fail_everywhere(rank, ws):
+        raise KeyError(f"rank {rank}")
+
+    pids = cluster.pids
+    with pytest.raises(RankError) as info:
+        cluster.run(fail_everywhere)
+    assert info.value.ranks == [0, 1, 2]
+    assert cluster.pids == pids, "all ranks answered, so the workers should have been kept"
+    assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+
+
+@pytest.mark.parametrize("how,code", [("exit", "code 7"), ("kill", "SIGKILL")])
+def test_dead_rank_reports_exit_code_and_recovers(cluster, how, code):
+    old = cluster.pids
+    with pytest.raises(RankError) as info:
+        cluster.run(exit_on, 2, how, timeout=30)
+    assert info.value.ranks == [2]
+    assert code in info.value.failures[2]
+    assert_all_gone(old)
+    assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+    assert not set(old) & set(cluster.pids)
+
+
+def test_hang_times_out_and_leaves_no_process(cluster):
+    old = cluster.pids
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not finish within 2 s on rank\(s\) \[0\]"):
+        cluster.run(mismatched_collectives, timeout=2)
+    assert time.monotonic() - start < 10
+    assert_all_gone(old)
+    assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+
+
+def test_unpicklable_return_names_rank(cluster):
+    with pytest.raises(RankError, match="return value of rank 0 could not be pickled"):
+        cluster.run(unpicklable_result)
+    assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+
+
+def test_unpicklable_argument_is_a_clear_type_error(cluster):
+    with pytest.raises(TypeError, match="could not be pickled"):
+        cluster.run(whoami, threading.Lock())
+
+
+def test_close_leaves_no_process():
+    c = Cluster(2)
+    pids = c.pids
+    assert all(alive(p) for p in pids)
+    c.close()
+    assert_all_gone(pids)
+    c.close()  # twice is fine
+
+
+def test_two_clusters_coexist(cluster):
+    with Cluster(2) as other:
+        assert other.run(all_reduce_rank, 1) == [[1.0]] * 2
+        assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+        assert not set(other.pids) & set(cluster.pids)
+
+
+# ---------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("ws,exc,msg", [(0, ValueError, "at least 1"), (-2, ValueError, "at least 1"),
+                                        ("2", TypeError, "must be an int"), (2.0, TypeError, "must be an int")])
+def test_bad_world_size(ws, exc, msg):
+    with pytest.raises(exc, match=msg):
+        run(whoami, ws)
+
+
+def test_nccl_without_enough_gpus_is_explained():
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match="needs one GPU per rank"):
+        Cluster(n + 1, backend="nccl")
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="backend must be"):
+        Cluster(2, backend="mpi-please")
+
+
+def test_non_callable(cluster):
+    with pytest.raises(TypeError, match="must be a callable"):
+        cluster.run(42)
+    with pytest.raises(TypeError, match="must be a callable"):
+        run("not a function", 2)
+
+
+# ---------------------------------------------------------------------------------- output
+def test_rank_output_is_prefixed_whole_and_ordered(cluster, capsys):
+    cluster.run(chatty)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6, out
+    for r in range(3):
+        assert out[2 * r] == f"[rank {r}] " + "x" * 5000 + f"|end of rank {r}"
+        assert out[2 * r + 1] == f"[rank {r}] second line from rank {r}"
+
+
+def test_live_output_lines_are_whole(capsys):
+    with Cluster(2, output="live") as c:
+        c.run(chatty)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln]
+    assert sorted(lines) == sorted(
+        [f"[rank {r}] " + "x" * 5000 + f"|end of rank {r}" for r in range(2)]
+        + [f"[rank {r}] second line from rank {r}" for r in range(2)])
+
+
+def test_output_of_failing_rank_is_not_lost(cluster, capsys):
+    def talk_then_fail(rank, ws):
+        print(f"about to fail on {rank}")
+        raise RuntimeError("nope")
+
+    with pytest.raises(RankError):
+        cluster.run(talk_then_fail)
+    out = capsys.readouterr().out
+    for r in range(3):
+        assert f"[rank {r}] about to fail on {r}" in out
+
+
+# ---------------------------------------------------------------------------------- notebook, torchrun, JAX
+def test_function_defined_in_a_real_notebook():
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(textwrap.dedent("""
+            from course_lib.launch import Cluster
+            SCALE = 10
+            def scaled_rank(rank, world_size):
+                import torch, torch.distributed as dist
+                t = torch.tensor([float(rank * SCALE)])
+                dist.all_reduce(t)
+                print("hello from", rank)
+                return t.item()
+            with Cluster(2) as c:
+                print(c.run(scaled_rank))
+        """)),
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": REPO}}).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "[rank 0] hello from 0\n[rank 1] hello from 1\n[10.0, 10.0]" in text, text
+
+
+def test_torchrun_runs_the_same_worker_function():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "course_lib.demos.hello"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(2):
+        assert f"[rank {r}/2 on cpu via gloo]" in proc.stdout and "after_all_reduce=[3.0, 3.0, 3.0, 3.0] OK" in proc.stdout
+
+
+def test_init_from_env_outside_torchrun_is_explained(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        init_from_env()
+
+
+def test_jax_cpu_devices_in_a_fresh_process():
+    code = textwrap.dedent("""
+        from course_lib.launch import jax_cpu_devices
+        devs = jax_cpu_devices(8)
+        import jax, jax.numpy as jnp
+        print(len(devs), jax.device_count("cpu"), float(jnp.ones(3).sum()))
+        print(len(jax_cpu_devices(4)))
+        try:
+            jax_cpu_devices(16)
+        except RuntimeError as e:
+            print("ERR", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "8 8 3.0"
+    assert lines[1] == "4"
+    assert lines[2].startswith("ERR JAX is already initialised with 8 CPU device(s) but 16 were asked for")
