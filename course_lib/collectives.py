@@ -1,0 +1,514 @@
+"""Collective operations from scratch, on ``torch.distributed`` point-to-point (``isend``/``irecv``).
+
+What is here, and what it reproduces:
+
+================================  =====================================  ============================
+function                          algorithm                              production counterpart
+================================  =====================================  ============================
+``naive_all_reduce``              everyone -> root, root sums, root ->   ``dist.all_reduce``
+                                  everyone
+``ring_reduce_scatter``           N-1 ring steps, add while passing      ``dist.reduce_scatter``,
+                                                                         ``dist.reduce_scatter_tensor``
+``ring_all_gather``               N-1 ring steps, copy while passing     ``dist.all_gather``,
+                                                                         ``dist.all_gather_into_tensor``
+``ring_all_reduce``               ring reduce-scatter, then ring         ``dist.all_reduce``
+                                  all-gather
+``all_to_all``                    N-1 pairwise exchange steps            ``dist.all_to_all``
+================================  =====================================  ============================
+
+Conventions (as in ``torch.distributed``): every rank of ``group`` calls the function with tensors
+of the same shape and dtype; results are written **in place** into the tensors passed (the
+functions also return them, for convenience); ``group=None`` means the default (world) group and
+ranks inside a group are group ranks, mapped to global ranks for point-to-point with
+``dist.get_global_rank``. ``op`` is ``"sum"`` or ``"avg"`` (or ``dist.ReduceOp.SUM``/``AVG``).
+
+Uneven lengths. A flat tensor of ``n`` elements is cut into ``N = world_size`` contiguous chunks with
+the boundaries of ``torch.tensor_split(x, N)``: the first ``n % N`` chunks hold ``n // N + 1``
+elements, the others ``n // N`` (some may be empty when ``n < N``; empty chunks are never sent).
+
+Cost (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+JPDC 2009, Sec. 3; Thakur, Rabenseifner & Gropp, "Optimization of collective communication
+operations in MPICH", IJHPCA 2005, Sec. 4). For ``n`` bytes on ``N`` ranks, every rank of the ring
+all-reduce sends and receives ``2 (N-1)/N * n`` bytes in ``2 (N-1)`` steps; the naive root sends
+and receives ``(N-1) * n`` bytes. Under the alpha-beta model (a message of ``m`` bytes costs
+``alpha + m * beta``)::
+
+    t_ring  = 2 (N-1) alpha + 2 (N-1)/N * n * beta
+    t_naive = 2 (N-1) alpha + 2 (N-1)   * n * beta      (the root handles N-1 messages each way)
+
+Accounting. When a :class:`course_lib.trace.Recorder` is active in the calling rank, every
+transfer (one ring step, one message to or from the root, ...) is recorded with its bytes and times.
+
+Deadlock avoidance. In every step a rank posts its ``irecv`` and ``isend`` together and only then
+waits on both: if every rank first did a blocking ``send``, all ranks could block waiting for a
+receiver (a cycle), which is legal MPI-style behaviour for large messages.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from course_lib import trace
+
+__all__ = [
+    "chunk_bounds",
+    "naive_all_reduce",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "ring_all_reduce",
+    "all_to_all",
+    "ring_all_reduce_bytes",
+    "naive_all_reduce_bytes",
+]
+
+# A hook called after each ring step: hook(phase, step, flat_buffer). The notebook uses it to
+# snapshot the chunks of a real run for the step-through figure.
+StepHook = Callable[[str, int, torch.Tensor], None]
+
+_SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                     torch.int32, torch.int64)
+
+
+# ------------------------------------------------------------------------------------------
+# small helpers: chunking, argument checks, group ranks, accounting
+# ------------------------------------------------------------------------------------------
+def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of the ``world_size`` chunks of a length-``numel`` vector.
+
+    Same boundaries as ``torch.tensor_split(torch.arange(numel), world_size)``: the first
+    ``numel % world_size`` chunks get one extra element.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    base, extra = divmod(int(numel), world_size)
+    bounds, start = [], 0
+    for i in range(world_size):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def ring_all_reduce_bytes(nbytes: int, world_size: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N-1)/N * n."""
+    return 2 * (world_size - 1) / world_size * nbytes
+
+
+def naive_all_reduce_bytes(nbytes: int, world_size: int) -> dict:
+    """Bytes sent per rank by the naive all-reduce: ``{"root": (N-1) n, "other": n}`` (each way)."""
+    return {"root": (world_size - 1) * nbytes, "other": nbytes if world_size > 1 else 0}
+
+
+def _parse_op(op) -> str:
+    if op in ("sum", dist.ReduceOp.SUM):
+        return "sum"
+    if op in ("avg", "mean", dist.ReduceOp.AVG):
+        return "avg"
+    raise ValueError(f"unknown reduction op {op!r}; use 'sum' or 'avg' "
+                     "(or dist.ReduceOp.SUM / dist.ReduceOp.AVG)")
+
+
+def _check_tensor(t, what: str = "tensor") -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} is not contiguous (shape {tuple(t.shape)}, stride {t.stride()}); "
+                         "the collective writes its result in place into the tensor's memory, so "
+                         "pass a contiguous tensor (e.g. x = x.contiguous()) and use that one")
+    if t.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"{what} has dtype {t.dtype}; supported: "
+                        + ", ".join(str(d) for d in _SUPPORTED_DTYPES))
+
+
+def _check_list(ts, n: int, what: str, dtype=None) -> None:
+    if not isinstance(ts, (list, tuple)):
+        raise TypeError(f"{what} must be a list of tensors, got {type(ts).__name__}")
+    if len(ts) != n:
+        raise ValueError(f"{what} has {len(ts)} tensors but the group has world_size={n}; "
+                         f"pass exactly one tensor per rank of the group")
+    for i, t in enumerate(ts):
+        _check_tensor(t, f"{what}[{i}]")
+        if dtype is not None and t.dtype != dtype:
+            raise TypeError(f"{what}[{i}] has dtype {t.dtype} but the other tensors have {dtype}; "
+                            "use one dtype for all tensors of a collective")
+
+
+class _Group:
+    """This rank's view of a process group: its rank, the size, and group rank -> global rank."""
+
+    def __init__(self, group) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; call "
+                               "dist.init_process_group (course_lib.launch does it for you)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the given process group; only "
+                             "members may call a collective on it")
+        self.size = dist.get_world_size(group)
+        if group is None or group is dist.GroupMember.WORLD:
+            self.global_ranks = list(range(self.size))
+        else:
+            self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
+
+    def right(self) -> int:  # the ring neighbour we send to
+        return (self.rank + 1) % self.size
+
+    def left(self) -> int:   # the ring neighbour we receive from
+        return (self.rank - 1) % self.size
+
+    def isend(self, t: torch.Tensor, dst: int, tag: int = 0):
+        return dist.isend(t, self.global_ranks[dst], group=self.group, tag=tag)
+
+    def irecv(self, t: torch.Tensor, src: int, tag: int = 0):
+        return dist.irecv(t, self.global_ranks[src], group=self.group, tag=tag)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _exchange(g: _Group, send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int,
+              name: str, rec, tag: int = 0, **extra) -> None:
+    """Send ``send`` to ``dst`` while receiving ``recv`` from ``src``; either may be None/empty.
+
+    Both operations are posted before waiting on either (see the module docstring on deadlock).
+    """
+    start = time.perf_counter() if rec is not None else 0.0
+    works = []
+    if recv is not None and recv.numel() > 0:
+        works.append(g.irecv(recv, src, tag))
+    if send is not None and send.numel() > 0:
+        works.append(g.isend(send, dst, tag))
+    for w in works:
+        w.wait()
+    if rec is not None:
+        sent = _nbytes(send) if send is not None else 0
+        got = _nbytes(recv) if recv is not None else 0
+        if sent or got:
+            rec.comm(name, sent, got, start, time.perf_counter(), **extra)
+
+
+def _finish_avg(t: torch.Tensor, world_size: int) -> None:
+    if t.is_floating_point():
+        t.div_(world_size)
+    else:  # integer average is floor division, as torch does not define AVG on integers either
+        raise TypeError(f"op='avg' needs a floating-point tensor, got {t.dtype}; use op='sum' and "
+                        "divide yourself")
+
+
+# ------------------------------------------------------------------------------------------
+# naive all-reduce: the O(N) root bottleneck
+# ------------------------------------------------------------------------------------------
+def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0) -> torch.Tensor:
+    """All-reduce through one root rank: gather to ``root``, sum there, send the result back.
+
+    Args:
+        tensor: this rank's contribution, any shape; overwritten with the result (in place).
+        op: ``"sum"`` or ``"avg"``.
+        group: process group (``None`` = default group); ``root`` is a rank *in that group*.
+
+    Returns:
+        ``tensor``. The root sends and receives ``(N-1) * nbytes``, every other rank ``nbytes``:
+        the root's traffic grows linearly with N, which is the bottleneck the ring removes.
+    """
+    op = _parse_op(op)
+    _check_tensor(tensor)
+    g = _Group(group)
+    if not 0 <= root < g.size:
+        raise ValueError(f"root={root} is not a rank of the group (world_size={g.size})")
+    rec = trace.current()
+    flat = tensor.view(-1)
+    if g.size > 1 and flat.numel() > 0:
+        if g.rank == root:
+            # Post all receives at once (the root's link is the bottleneck, not the posting).
+            bufs = {r: torch.empty_like(flat) for r in range(g.size) if r != root}
+            start = time.perf_counter()
+            works = [(r, g.irecv(bufs[r], r)) for r in bufs]
+            for r, w in works:
+                w.wait()
+                flat.add_(bufs[r])  # accumulate in the tensor's dtype, like the gloo reduction
+                if rec is not None:
+                    rec.comm(f"naive_all_reduce/gather from {r}", 0, _nbytes(flat), start,
+                             time.perf_counter(), peer=g.global_ranks[r])
+                    start = time.perf_counter()
+            if op == "avg":
+                _finish_avg(tensor, g.size)
+            for r in range(g.size):
+                if r != root:
+                    _exchange(g, flat, r, None, r, f"naive_all_reduce/broadcast to {r}", rec,
+                              peer=g.global_ranks[r])
+        else:
+            _exchange(g, flat, root, None, root, "naive_all_reduce/send to root", rec,
+                      peer=g.global_ranks[root])
+            _exchange(g, None, root, flat, root, "naive_all_reduce/recv from root", rec,
+                      peer=g.global_ranks[root])
+    elif op == "avg":
+        _finish_avg(tensor, g.size)
+    return tensor
+
+
+# ------------------------------------------------------------------------------------------
+# the ring: reduce-scatter and all-gather on chunks of one flat buffer
+# ------------------------------------------------------------------------------------------
+_MAX_PIECES = 1024
+
+
+def _pieces(lo: int, hi: int, itemsize: int, pipeline_bytes: int) -> list[tuple[int, int]]:
+    """Cut the chunk [lo, hi) into pieces of about ``pipeline_bytes`` (none when it is empty).
+
+    The count depends only on the chunk, so the sender and the receiver of a chunk agree on it.
+    """
+    n = hi - lo
+    if n == 0:
+        return []
+    k = 1 if pipeline_bytes <= 0 else max(1, min(_MAX_PIECES, n * itemsize // pipeline_bytes))
+    return [(lo + a, lo + b) for a, b in chunk_bounds(n, k)]
+
+
+def _tag(phase: int, step: int) -> int:
+    """A distinct message tag per (phase, step); pieces of one step add 0.._MAX_PIECES-1.
+
+    Distinct tags make matching independent of how far ahead a fast neighbour runs.
+    """
+    return (phase * 4096 + step) * _MAX_PIECES
+
+
+def _ring_reduce_scatter_flat(g: _Group, flat: torch.Tensor, bounds, name: str, rec,
+                              hook: StepHook | None, pipeline_bytes: int) -> None:
+    """After this, chunk ``g.rank`` of ``flat`` holds the sum over ranks (other chunks: partials).
+
+    Step s (0 <= s < N-1): send chunk (rank - s - 1) mod N to the right neighbour, receive chunk
+    (rank - s - 2) mod N from the left and add it to ours. The partial sum of chunk c starts at rank
+    c + 1 and travels N - 1 hops around the ring, collecting one term per hop, ending at rank c.
+    """
+    N, r = g.size, g.rank
+    if N == 1:
+        return
+    max_chunk = max(hi - lo for lo, hi in bounds)
+    buf = torch.empty(max_chunk, dtype=flat.dtype)  # one receive buffer, reused by every step
+    for step in range(N - 1):
+        send_c = (r - step - 1) % N
+        recv_c = (r - step - 2) % N
+        s_lo, s_hi = bounds[send_c]
+        r_lo, r_hi = bounds[recv_c]
+        start = time.perf_counter() if rec is not None else 0.0
+        # Pipelining: the chunk travels as pieces and piece k is added while pieces k+1.. are
+        # still in flight, so the addition overlaps the transfer instead of following it.
+        tag0 = _tag(0, step)
+        recvs = [(a, b, g.irecv(buf[a - r_lo:b - r_lo], g.left(), tag=tag0 + k))
+                 for k, (a, b) in enumerate(_pieces(r_lo, r_hi, flat.element_size(), pipeline_bytes))]
+        sends = [g.isend(flat[c:d], g.right(), tag=tag0 + k)
+                 for k, (c, d) in enumerate(_pieces(s_lo, s_hi, flat.element_size(), pipeline_bytes))]
+        for a, b, w in recvs:
+            w.wait()
+            flat[a:b].add_(buf[a - r_lo:b - r_lo])
+        for w in sends:
+            w.wait()
+        if rec is not None:
+            rec.comm(f"{name}/reduce-scatter step {step}", (s_hi - s_lo) * flat.element_size(),
+                     (r_hi - r_lo) * flat.element_size(), start, time.perf_counter(),
+                     peer=g.global_ranks[g.right()], step=step)
+        if hook is not None:
+            hook("reduce-scatter", step, flat)
+
+
+def _ring_all_gather_flat(g: _Group, flat: torch.Tensor, bounds, name: str, rec,
+                          hook: StepHook | None, pipeline_bytes: int) -> None:
+    """Given chunk ``g.rank`` of ``flat`` on every rank, fill in all the other chunks.
+
+    Step s: send chunk (rank - s) mod N right, receive chunk (rank - s - 1) mod N from the left,
+    straight into its place in ``flat`` (no extra copy: a slice of a contiguous vector is contiguous).
+    """
+    N, r = g.size, g.rank
+    if N == 1:
+        return
+    for step in range(N - 1):
+        send_c = (r - step) % N
+        recv_c = (r - step - 1) % N
+        s_lo, s_hi = bounds[send_c]
+        r_lo, r_hi = bounds[recv_c]
+        start = time.perf_counter() if rec is not None else 0.0
+        tag0 = _tag(1, step)
+        works = [g.irecv(flat[a:b], g.left(), tag=tag0 + k)
+                 for k, (a, b) in enumerate(_pieces(r_lo, r_hi, flat.element_size(), pipeline_bytes))]
+        works += [g.isend(flat[c:d], g.right(), tag=tag0 + k)
+                  for k, (c, d) in enumerate(_pieces(s_lo, s_hi, flat.element_size(), pipeline_bytes))]
+        for w in works:
+            w.wait()
+        if rec is not None:
+            rec.comm(f"{name}/all-gather step {step}", (s_hi - s_lo) * flat.element_size(),
+                     (r_hi - r_lo) * flat.element_size(), start, time.perf_counter(),
+                     peer=g.global_ranks[g.right()], step=step)
+        if hook is not None:
+            hook("all-gather", step, flat)
+
+
+# Pieces of about this many bytes are pipelined inside one ring step (0 disables pipelining).
+# 1 MiB is large enough that per-message overhead (tens of microseconds on gloo/TCP) is negligible
+# and small enough that the addition of one piece overlaps the arrival of the next.
+DEFAULT_PIPELINE_BYTES = 1 << 20
+
+
+def ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *,
+                    step_hook: StepHook | None = None,
+                    pipeline_bytes: int = DEFAULT_PIPELINE_BYTES) -> torch.Tensor:
+    """Ring all-reduce in place: a ring reduce-scatter followed by a ring all-gather.
+
+    Args:
+        tensor: contiguous, any shape; every rank passes the same shape and dtype. Overwritten
+            with the sum (or average) over the group's ranks.
+        op: ``"sum"`` or ``"avg"`` (sum, then one division by N).
+        group: process group (``None`` = default group).
+        step_hook: optional ``hook(phase, step, flat)`` called after each of the 2(N-1) steps with
+            the flat view of ``tensor`` (for teaching: snapshot it with ``flat.clone()``).
+        pipeline_bytes: split each step's chunk into pieces of about this size so that adding
+            one piece overlaps receiving the next; 0 sends each chunk as one message.
+
+    Returns:
+        ``tensor``. Each rank sends and receives 2 (N-1)/N of the tensor's bytes in 2 (N-1) steps
+        (Patarasuk & Yuan 2009, Sec. 3). Sums are accumulated in the tensor's dtype, like gloo;
+        for bfloat16 the order of additions differs from ``dist.all_reduce`` so results can differ
+        in the last bits.
+    """
+    op = _parse_op(op)
+    _check_tensor(tensor)
+    g = _Group(group)
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), g.size)
+    rec = trace.current()
+    _ring_reduce_scatter_flat(g, flat, bounds, "ring_all_reduce", rec, step_hook, pipeline_bytes)
+    if op == "avg":
+        # Divide only the chunk this rank owns: the all-gather then spreads the averaged chunks,
+        # so every element is divided exactly once and N-1/N of the division work is saved.
+        lo, hi = bounds[g.rank]
+        _finish_avg(flat[lo:hi], g.size)
+    _ring_all_gather_flat(g, flat, bounds, "ring_all_reduce", rec, step_hook, pipeline_bytes)
+    return tensor
+
+
+def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
+                        pipeline_bytes: int = DEFAULT_PIPELINE_BYTES) -> torch.Tensor:
+    """Ring reduce-scatter: rank r ends with the reduction over ranks of input chunk r.
+
+    Args:
+        output: this rank's result tensor, written in place.
+        input: either a list of ``world_size`` tensors (``dist.reduce_scatter`` semantics:
+            ``output = sum over ranks of input[rank]``, so ``output`` must have ``input[rank]``'s
+            number of elements), or one tensor whose flat view is cut into ``world_size`` chunks
+            with ``torch.tensor_split`` boundaries (``dist.reduce_scatter_tensor`` semantics when
+            the length divides; uneven lengths are allowed, and then ``output`` must have this
+            rank's chunk length). ``input`` is not modified.
+        op: ``"sum"`` or ``"avg"``.
+        group: process group (``None`` = default group).
+
+    Returns:
+        ``output``. Each rank sends and receives (N-1)/N of the input's bytes.
+    """
+    op = _parse_op(op)
+    _check_tensor(output, "output")
+    g = _Group(group)
+    if isinstance(input, torch.Tensor):
+        _check_tensor(input, "input")
+        flat = input.reshape(-1).clone()  # work on a copy: torch leaves the input untouched too
+        bounds = chunk_bounds(flat.numel(), g.size)
+    else:
+        _check_list(input, g.size, "input", dtype=output.dtype)
+        sizes = [t.numel() for t in input]
+        flat = torch.cat([t.reshape(-1) for t in input]) if input else torch.empty(0)
+        offsets = [0]
+        for s in sizes:
+            offsets.append(offsets[-1] + s)
+        bounds = list(zip(offsets[:-1], offsets[1:]))
+    if flat.dtype != output.dtype:
+        raise TypeError(f"output has dtype {output.dtype} but input has {flat.dtype}; use one dtype")
+    lo, hi = bounds[g.rank]
+    if output.numel() != hi - lo:
+        raise ValueError(f"output has {output.numel()} elements but rank {g.rank}'s chunk of the "
+                         f"input has {hi - lo} (chunk boundaries {bounds}); allocate output with "
+                         f"{hi - lo} elements")
+    _ring_reduce_scatter_flat(g, flat, bounds, "ring_reduce_scatter", trace.current(), None,
+                              pipeline_bytes)
+    mine = flat[lo:hi]
+    if op == "avg":
+        _finish_avg(mine, g.size)
+    output.view(-1).copy_(mine)
+    return output
+
+
+def ring_all_gather(output, input: torch.Tensor, group=None, *,
+                    pipeline_bytes: int = DEFAULT_PIPELINE_BYTES):
+    """Ring all-gather: every rank ends with every rank's ``input``.
+
+    Args:
+        output: either a list of ``world_size`` tensors (``dist.all_gather`` semantics: output[i]
+            receives rank i's input, so ``output[rank]`` must have ``input``'s number of
+            elements; unlike gloo, the ranks' sizes may differ), or one tensor whose flat view is
+            cut into ``world_size`` chunks with ``torch.tensor_split`` boundaries
+            (``dist.all_gather_into_tensor`` semantics when the length divides).
+        input: this rank's contribution (not modified).
+        group: process group (``None`` = default group).
+
+    Returns:
+        ``output``. Each rank sends and receives (N-1)/N of the output's bytes.
+    """
+    _check_tensor(input, "input")
+    g = _Group(group)
+    if isinstance(output, torch.Tensor):
+        _check_tensor(output, "output")
+        flat = output.view(-1)
+        bounds = chunk_bounds(flat.numel(), g.size)
+        tensors = None
+    else:
+        _check_list(output, g.size, "output", dtype=input.dtype)
+        tensors = list(output)
+        offsets = [0]
+        for t in tensors:
+            offsets.append(offsets[-1] + t.numel())
+        bounds = list(zip(offsets[:-1], offsets[1:]))
+        flat = torch.empty(offsets[-1], dtype=input.dtype)
+    if flat.dtype != input.dtype:
+        raise TypeError(f"output has dtype {flat.dtype} but input has {input.dtype}; use one dtype")
+    lo, hi = bounds[g.rank]
+    if input.numel() != hi - lo:
+        raise ValueError(f"input has {input.numel()} elements but rank {g.rank}'s slot in the "
+                         f"output has {hi - lo} (slot boundaries {bounds}); make them match")
+    flat[lo:hi].copy_(input.reshape(-1))
+    _ring_all_gather_flat(g, flat, bounds, "ring_all_gather", trace.current(), None, pipeline_bytes)
+    if tensors is not None:
+        for t, (a, b) in zip(tensors, bounds):
+            t.view(-1).copy_(flat[a:b])
+    return output
+
+
+def all_to_all(output_list: Sequence[torch.Tensor], input_list: Sequence[torch.Tensor],
+               group=None) -> Sequence[torch.Tensor]:
+    """All-to-all: rank r sends ``input_list[j]`` to rank j, which stores it in ``output_list[r]``.
+
+    Pairwise exchange (Thakur et al. 2005, Sec. 4.5): in step s (1 <= s < N) rank r sends to
+    (r + s) mod N while receiving from (r - s) mod N, so every step is a permutation of the ranks
+    and no rank is a hot spot. Sizes may differ per pair (``output_list[j]`` on rank r must have
+    the number of elements of ``input_list[r]`` on rank j), as in ``dist.all_to_all``.
+
+    Returns:
+        ``output_list``, filled in place. Each rank sends everything except its own block.
+    """
+    g = _Group(group)
+    _check_list(output_list, g.size, "output_list")
+    _check_list(input_list, g.size, "input_list", dtype=output_list[0].dtype if output_list else None)
+    r, N = g.rank, g.size
+    if output_list[r].numel() != input_list[r].numel():
+        raise ValueError(f"output_list[{r}] has {output_list[r].numel()} elements but "
+                         f"input_list[{r}] has {input_list[r].numel()}; a rank's block to itself "
+                         "must fit")
+    output_list[r].view(-1).copy_(input_list[r].reshape(-1))
+    rec = trace.current()
+    for s in range(1, N):
+        dst, src = (r + s) % N, (r - s) % N
+        _exchange(g, input_list[dst].reshape(-1), dst, output_list[src].view(-1), src,
+                  f"all_to_all/step {s - 1}", rec, peer=g.global_ranks[dst], step=s - 1)
+    return output_list
