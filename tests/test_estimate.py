@@ -281,3 +281,40 @@ def test_non_integer_sizes_raise_type_error():
 
 def test_gb_is_decimal():
     assert E.GB == 1e9 and not math.isclose(E.GB, 2 ** 30)
+
+
+# --------------------------------------------------------------------------- the widget calculator
+
+def test_memory_calculator_update_matches_library():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib.widgets import MemoryCalculator
+
+    calc = MemoryCalculator()
+    got = calc.update(n_params_billion=7.5, zero_stage=2, dp_degree=64, precision="mixed",
+                      optimizer="adam", micro_batch=2, seq=1024, hidden=4096, n_layer=32, heads=32)
+    expected = E.training_memory(7.5e9, 32, 1024, 2, 4096, 32, zero_stage=2, dp_degree=64)
+    assert got == pytest.approx(expected)
+    # the figure's bars are the four ZeRO stages; the selected one's stack sums to the total
+    ax = calc.figure.axes[0]
+    heights = {}
+    for patch in ax.patches:
+        x = round(patch.get_x() + patch.get_width() / 2)
+        heights[x] = heights.get(x, 0.0) + patch.get_height()
+    assert len(heights) == 4
+    assert heights[2] == pytest.approx(sum(expected.values()) / E.GB)
+    # a control change (as a user would make) redraws through the observer
+    calc.controls["zero_stage"].value = 3
+    assert calc.figure is not None and "(selected)" in calc.figure.axes[0].get_xticklabels()[3].get_text()
+
+
+def test_memory_calculator_reports_invalid_settings():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib.widgets import MemoryCalculator
+
+    calc = MemoryCalculator()
+    assert calc.update(heads=12, tp=8) is None  # 8 does not divide 12 heads
+    assert calc.figure is None
+    with pytest.raises(ValueError, match="unknown setting"):
+        calc.update(batch=3)
