@@ -429,7 +429,7 @@ def _stop_all() -> None:
 def init_from_env(backend: str | None = None) -> tuple[int, int]:
     """Initialise the default process group from ``torchrun``'s environment; return ``(rank, world_size)``.
 
-    ``torchrun --nproc_per_node=N [--nnodes=M ...] -m course_lib.demos.hello`` sets ``RANK``,
+    ``torchrun --standalone --nproc_per_node=N -m course_lib.demos.hello`` sets ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. With ``backend=None`` each rank
     uses NCCL on GPU ``LOCAL_RANK`` when the node has enough GPUs, else gloo on CPU. The worker
     functions written for :class:`Cluster` can then be called as ``fn(rank, world_size, *args)``.
@@ -441,7 +441,7 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
                if k not in os.environ]
     if missing:
         raise RuntimeError(f"init_from_env() needs torchrun's environment; {', '.join(missing)} not set. "
-                           f"Start the script with: torchrun --nproc_per_node=2 -m course_lib.demos.hello")
+                           f"Start the script with: torchrun --standalone --nproc_per_node=2 -m course_lib.demos.hello")
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     if backend is None:

@@ -281,7 +281,7 @@ def test_function_defined_in_a_real_notebook():
 
 def test_torchrun_runs_the_same_worker_function():
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "course_lib.demos.hello"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "course_lib.demos.hello"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in range(2):

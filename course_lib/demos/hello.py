@@ -8,7 +8,7 @@ In a notebook, on the virtual cluster::
 
 On real GPUs (or CPU processes) with torchrun, one node or several::
 
-    torchrun --nproc_per_node=2 -m course_lib.demos.hello
+    torchrun --standalone --nproc_per_node=2 -m course_lib.demos.hello
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 -m course_lib.demos.hello
 
 The worker function is the same; only the start-up differs (:func:`course_lib.launch.init_from_env`).
