@@ -1,0 +1,456 @@
+"""Mixed precision from scratch: number formats, loss scaling, FP32 master weights.
+
+Sources:
+
+* Micikevicius et al., "Mixed Precision Training", ICLR 2018 -- Sec. 3.1 (FP32 master copy of
+  the weights), Sec. 3.2 (loss scaling), Sec. 3.3 (FP32 accumulation).
+* Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019 -- the BF16 format.
+* IEEE 754-2008 -- binary32 (FP32) and binary16 (FP16) layouts, subnormals, round-to-nearest-even.
+* PyTorch ``torch.amp.GradScaler`` -- the dynamic loss-scaling rule we reproduce (init scale
+  ``2**16``, back off by 0.5 on inf/NaN, grow by 2 after ``growth_interval`` clean steps).
+
+What lives here:
+
+* formats:       :func:`bit_layout`, :func:`format_summary`, :func:`bits_of`, :func:`ulp`,
+                 :func:`plot_bit_layouts`
+* loss scaling:  :func:`has_non_finite`, :func:`unscale_grads_`, :func:`update_scale`,
+                 :class:`StaticLossScaler`, :class:`DynamicLossScaler`
+* master weights: :func:`make_master_params`, :func:`master_step`, :class:`MasterWeightOptimizer`
+* memory:        :func:`saved_tensors_report`, :func:`grad_bytes`
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.nn as nn
+
+#: The three formats the course compares, by the names used in the prose.
+FORMATS: dict[str, torch.dtype] = {
+    "FP32": torch.float32,
+    "FP16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _check_float_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or dtype not in _INT_VIEW:
+        raise TypeError(
+            f"expected one of torch.float32, torch.float16, torch.bfloat16, got {dtype!r}; "
+            "pass a torch dtype, e.g. precision.FORMATS['BF16']"
+        )
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The course's name for ``dtype`` ("FP32", "FP16", "BF16")."""
+    _check_float_dtype(dtype)
+    return {v: k for k, v in FORMATS.items()}[dtype]
+
+
+# ----------------------------------------------------------------------------------------------
+# Number formats
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BitLayout:
+    """How the bits of a binary floating-point format are split: 1 sign bit, ``exponent``
+    exponent bits, ``mantissa`` explicitly stored fraction bits (the leading 1 is implicit)."""
+
+    sign: int
+    exponent: int
+    mantissa: int
+
+    @property
+    def bits(self) -> int:
+        return self.sign + self.exponent + self.mantissa
+
+
+def bit_layout(dtype: torch.dtype) -> BitLayout:
+    """Sign/exponent/mantissa bit counts of ``dtype``, derived from ``torch.finfo`` (not a table).
+
+    ``eps = 2**-mantissa`` (the gap between 1 and the next number), so ``mantissa = -log2(eps)``;
+    the exponent gets the remaining ``bits - 1 - mantissa`` bits.
+    """
+    fi = torch.finfo(_check_float_dtype(dtype))
+    mantissa = round(-math.log2(fi.eps))
+    return BitLayout(sign=1, exponent=fi.bits - 1 - mantissa, mantissa=mantissa)
+
+
+def format_summary(dtype: torch.dtype) -> dict:
+    """Range and precision of ``dtype``, all read from or computed with ``torch.finfo``.
+
+    Returns a dict with ``name, bits, exponent_bits, mantissa_bits, max, smallest_normal,
+    smallest_subnormal, eps, decimal_digits``. ``smallest_subnormal = smallest_normal * eps``
+    (IEEE 754: subnormals are multiples of ``2**(emin - mantissa)``); ``decimal_digits`` is
+    ``(mantissa + 1) * log10(2)``, the significant decimal digits the format carries.
+    """
+    fi = torch.finfo(_check_float_dtype(dtype))
+    lay = bit_layout(dtype)
+    return {
+        "name": dtype_name(dtype),
+        "bits": fi.bits,
+        "exponent_bits": lay.exponent,
+        "mantissa_bits": lay.mantissa,
+        "max": fi.max,
+        "smallest_normal": fi.smallest_normal,
+        "smallest_subnormal": fi.smallest_normal * fi.eps,
+        "eps": fi.eps,
+        "decimal_digits": (lay.mantissa + 1) * math.log10(2),
+    }
+
+
+def bits_of(x: float, dtype: torch.dtype) -> tuple[str, str, str]:
+    """The stored bits of ``x`` rounded to ``dtype``, as ``(sign, exponent, mantissa)`` strings.
+
+    Example: ``bits_of(1.0, torch.float16) == ("0", "01111", "0000000000")``.
+    """
+    dtype = _check_float_dtype(dtype)
+    lay = bit_layout(dtype)
+    raw = torch.tensor([x], dtype=torch.float64).to(dtype).view(_INT_VIEW[dtype]).item()
+    raw &= (1 << lay.bits) - 1  # two's complement -> the unsigned bit pattern
+    s = format(raw, f"0{lay.bits}b")
+    return s[0], s[1 : 1 + lay.exponent], s[1 + lay.exponent :]
+
+
+def ulp(x: float, dtype: torch.dtype) -> float:
+    """Unit in the last place: the gap between ``|x|`` (rounded to ``dtype``) and the next
+    larger number of ``dtype``.
+
+    For a normal number ``2**floor(log2|x|) * eps``; in the subnormal range (and at 0) the
+    constant ``smallest_subnormal``. An update ``u`` with ``|u| < ulp(w)/2`` is rounded away:
+    ``w + u == w`` in ``dtype`` (round to nearest; the lost-update problem, Micikevicius et al.
+    2018, Sec. 3.1).
+    """
+    dtype = _check_float_dtype(dtype)
+    fi = torch.finfo(dtype)
+    a = abs(torch.tensor(x, dtype=torch.float64).to(dtype).item())
+    if not math.isfinite(a):
+        raise ValueError(f"ulp is undefined for a non-finite value (got {x} -> {a} in {dtype})")
+    if a < fi.smallest_normal:
+        return fi.smallest_normal * fi.eps
+    return 2.0 ** math.floor(math.log2(a)) * fi.eps
+
+
+def plot_bit_layouts(dtypes: Sequence[torch.dtype] = (torch.float32, torch.float16, torch.bfloat16),
+                     value: float | None = None, ax=None):
+    """Draw one row of boxes per format: sign (red), exponent (blue), mantissa (green), one box
+    per bit, widths to scale. With ``value`` given, each box shows that bit of ``value`` rounded
+    to the format. Returns the matplotlib ``Axes``."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    dtypes = [_check_float_dtype(d) for d in dtypes]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.9 * len(dtypes) + 1.2))
+    colours = {"sign": "#e07a7a", "exponent": "#7aa5e0", "mantissa": "#8fd18f"}
+    for row, dt in enumerate(dtypes):
+        y = len(dtypes) - 1 - row
+        lay = bit_layout(dt)
+        fields = [("sign", lay.sign), ("exponent", lay.exponent), ("mantissa", lay.mantissa)]
+        bits = "".join(bits_of(value, dt)) if value is not None else None
+        i = 0
+        for field, n in fields:
+            for _ in range(n):
+                ax.add_patch(Rectangle((i, y + 0.1), 1, 0.8, facecolor=colours[field],
+                                       edgecolor="black", linewidth=0.5))
+                if bits is not None:
+                    ax.text(i + 0.5, y + 0.5, bits[i], ha="center", va="center", fontsize=7)
+                i += 1
+        ax.text(-0.5, y + 0.5, f"{dtype_name(dt)}\n1 + {lay.exponent} + {lay.mantissa}",
+                ha="right", va="center", fontsize=9)
+    ax.set_xlim(-6, 33)
+    ax.set_ylim(-0.2, len(dtypes) + 0.1)
+    ax.set_yticks([])
+    ax.set_xlabel("bit position (most significant first)")
+    title = "Bit layouts: sign | exponent | mantissa"
+    if value is not None:
+        title += f"  (bits of {value!r}, rounded to each format)"
+    ax.set_title(title)
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()],
+              loc="upper right", ncol=3, fontsize=8)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    return ax
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss scaling
+# ----------------------------------------------------------------------------------------------
+
+
+def has_non_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """True if any tensor (``None`` entries are skipped) holds an inf or a NaN."""
+    return any(t is not None and not bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _f32(x: float) -> float:
+    """Round a Python float to the nearest float32 (the scale is stored in FP32, as in PyTorch)."""
+    return torch.tensor(x, dtype=torch.float64).to(torch.float32).item()
+
+
+def unscale_grads_(grads: Iterable[torch.Tensor | None], scale: float) -> bool:
+    """Divide every gradient by ``scale`` in place and report whether any was inf/NaN.
+
+    The division is a multiplication by ``1/scale`` rounded to FP32 (exact when ``scale`` is a
+    power of two, which the dynamic scaler keeps it at). Returns ``found_inf``. Unscale FP32
+    gradients: unscaling in 16 bits would underflow again the values scaling just rescued.
+    """
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    inv = torch.tensor(_f32(1.0 / scale), dtype=torch.float32)
+    found_inf = False
+    with torch.no_grad():
+        for g in grads:
+            if g is None:
+                continue
+            # check the scaled values: they are what overflowed
+            found_inf = found_inf or not bool(torch.isfinite(g).all())
+            if g.dtype == torch.float32:
+                g.mul_(inv)
+            else:  # multiply in FP32, then round once to the gradient's dtype
+                g.copy_(g.to(torch.float32).mul_(inv))
+    return found_inf
+
+
+def _check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval):
+    if not (isinstance(init_scale, (int, float)) and init_scale > 0 and math.isfinite(init_scale)):
+        raise ValueError(f"init_scale must be a positive finite number (e.g. 2.0**16), got {init_scale!r}")
+    if not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1 so the scale can grow back, got {growth_factor!r}")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must be in (0, 1) so the scale shrinks on overflow, got {backoff_factor!r}")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+        raise ValueError(f"growth_interval must be an int >= 1 (clean steps before growing), got {growth_interval!r}")
+
+
+def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
+    """One update of the dynamic loss scale; returns ``(new_scale, new_growth_tracker)``.
+
+    ``growth_tracker`` counts consecutive clean (all-finite) steps.
+
+    * inf/NaN found: the step was skipped; ``scale *= backoff_factor`` and the count restarts at 0.
+    * clean step: the count goes up by one; when it reaches ``growth_interval`` the scale is
+      multiplied by ``growth_factor`` (unless that would overflow FP32) and the count restarts.
+
+    Micikevicius et al. 2018, Sec. 3.2 ("dynamic loss scaling"); the same rule as
+    ``torch.amp.GradScaler.update``. The scale is kept in FP32.
+    """
+    if found_inf:
+        return _f32(scale * backoff_factor), 0
+    growth_tracker += 1
+    if growth_tracker == growth_interval:
+        grown = _f32(scale * growth_factor)
+        # never grow to inf: an infinite scale would turn every gradient into inf/NaN
+        return (grown if math.isfinite(grown) else scale), 0
+    return scale, growth_tracker
+
+
+class StaticLossScaler:
+    """A constant loss scale ``S``: backward runs on ``S * loss``, so every gradient is ``S``
+    times larger (shifted up ``log2 S`` binades, out of the FP16 underflow zone); the optimizer
+    sees the gradients divided by ``S`` again. On inf/NaN the step is skipped and ``S`` stays --
+    which is the weakness the dynamic scaler fixes. Micikevicius et al. 2018, Sec. 3.2."""
+
+    def __init__(self, scale: float = 2.0**10):
+        if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        self._scale = _f32(float(scale))
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * S`` (a new tensor; call ``.backward()`` on it)."""
+        return loss * self._scale
+
+    def unscale_(self, grads: Iterable[torch.Tensor | None]) -> bool:
+        """Divide the gradients by ``S`` in place; returns ``found_inf``."""
+        return unscale_grads_(grads, self._scale)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Unscale the optimizer's gradients and call ``optimizer.step()`` unless one is inf/NaN.
+        Returns whether the step was taken. Call :meth:`update` afterwards with ``not stepped``."""
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+        found_inf = self.unscale_(grads)
+        if not found_inf:
+            optimizer.step()
+        return not found_inf
+
+    def update(self, found_inf: bool) -> None:
+        """A static scale never changes."""
+
+
+class DynamicLossScaler(StaticLossScaler):
+    """Dynamic loss scaling: start high, halve on every overflow (and skip that step), double
+    after ``growth_interval`` consecutive clean steps -- the scale settles just below the largest
+    value that does not overflow. Defaults are ``torch.amp.GradScaler``'s.
+
+    Usage per step (same order as GradScaler's ``scale / step / update``)::
+
+        scaler.scale(loss).backward()
+        stepped = scaler.step(optimizer)      # unscale, check, step or skip
+        scaler.update(found_inf=not stepped)
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+        _check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval)
+        super().__init__(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = growth_interval
+        self.growth_tracker = 0
+
+    def update(self, found_inf: bool) -> None:
+        self._scale, self.growth_tracker = update_scale(
+            self._scale, self.growth_tracker, bool(found_inf), self.growth_factor,
+            self.backoff_factor, self.growth_interval)
+
+
+# ----------------------------------------------------------------------------------------------
+# FP32 master weights
+# ----------------------------------------------------------------------------------------------
+
+
+def make_master_params(model_params: Iterable[torch.Tensor]) -> list[nn.Parameter]:
+    """FP32 copies of the (low-precision) model parameters: the weights the optimizer updates.
+    Micikevicius et al. 2018, Sec. 3.1."""
+    params = list(model_params)
+    if not params:
+        raise ValueError("model_params is empty; pass model.parameters() of the low-precision model")
+    return [nn.Parameter(p.detach().to(torch.float32).clone()) for p in params]
+
+
+def master_step(model_params: Sequence[torch.Tensor], master_params: Sequence[torch.Tensor],
+                optimizer: torch.optim.Optimizer, scaler: StaticLossScaler) -> bool:
+    """One optimizer step with FP32 master weights; returns whether the step was taken.
+
+    1. copy the low-precision gradients of the model into FP32 ``.grad`` of the master weights,
+    2. unscale them (in FP32) and check for inf/NaN,
+    3. if all finite: ``optimizer.step()`` on the master weights (an update far smaller than
+       the weight survives in FP32), then copy the master weights back into the model (rounded
+       to the model's dtype); otherwise skip the step,
+    4. ``scaler.update(found_inf)``, and clear the model's gradients for the next backward.
+
+    ``optimizer`` must have been built over ``master_params``.
+    """
+    model_params, master_params = list(model_params), list(master_params)
+    if len(model_params) != len(master_params):
+        raise ValueError(f"{len(model_params)} model params but {len(master_params)} master params; "
+                         "build master_params with make_master_params(model.parameters())")
+    with torch.no_grad():
+        for p, m in zip(model_params, master_params):
+            if p.shape != m.shape:
+                raise ValueError(f"shape mismatch: model param {tuple(p.shape)} vs master {tuple(m.shape)}")
+            m.grad = None if p.grad is None else p.grad.detach().to(torch.float32)
+        found_inf = scaler.unscale_([m.grad for m in master_params])
+        if not found_inf:
+            optimizer.step()
+            for p, m in zip(model_params, master_params):
+                p.copy_(m)  # copy_ rounds FP32 -> the model's dtype
+        scaler.update(found_inf)
+        for p in model_params:
+            p.grad = None
+    return not found_inf
+
+
+class MasterWeightOptimizer:
+    """An optimizer for a low-precision model that keeps FP32 master weights.
+
+    ``make_optimizer(master_params)`` builds the inner optimizer (its state -- e.g. Adam's two
+    moments -- is FP32 because the master weights are). ``scaler`` defaults to a
+    ``StaticLossScaler(1.0)`` (no scaling, but inf/NaN steps are still skipped).
+
+    Example::
+
+        model = TinyMLP().half()
+        opt = MasterWeightOptimizer(model.parameters(), lambda ps: torch.optim.Adam(ps, 1e-3),
+                                    DynamicLossScaler())
+        opt.scaler.scale(loss).backward(); opt.step()
+    """
+
+    def __init__(self, model_params: Iterable[torch.Tensor],
+                 make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                 scaler: StaticLossScaler | None = None):
+        self.model_params = list(model_params)
+        self.master_params = make_master_params(self.model_params)
+        self.optimizer = make_optimizer(self.master_params)
+        self.scaler = scaler if scaler is not None else StaticLossScaler(1.0)
+        self.skipped = 0
+
+    def step(self) -> bool:
+        stepped = master_step(self.model_params, self.master_params, self.optimizer, self.scaler)
+        self.skipped += not stepped
+        return stepped
+
+    def zero_grad(self) -> None:
+        for p in self.model_params:
+            p.grad = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory accounting
+# ----------------------------------------------------------------------------------------------
+
+_PASS_THROUGH = {"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
+                 "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0"}
+
+
+def _is_parameter_copy(t: torch.Tensor) -> bool:
+    """A saved tensor that is a parameter, or a cast/transpose/view of one (autocast saves the
+    16-bit copy of a weight it made for the matmul): follow the autograd graph back to a leaf."""
+    if t.is_leaf:
+        return t.requires_grad
+    fn = t.grad_fn
+    while fn is not None and fn.name() in _PASS_THROUGH:
+        nxt = [f for f, _ in fn.next_functions if f is not None]
+        if len(nxt) != 1:
+            return False
+        fn = nxt[0]
+    return fn is not None and type(fn).__name__ == "AccumulateGrad"
+
+
+def saved_tensors_report(fn: Callable[[], torch.Tensor]) -> dict:
+    """Run ``fn()`` (a forward pass returning the loss) and account for every tensor autograd
+    saves for the backward pass, with ``torch.autograd.graph.saved_tensors_hooks``.
+
+    Returns ``{"activations": {dtype_str: bytes}, "parameters": {dtype_str: bytes},
+    "loss": tensor}``. Storages are counted once (an op may save a tensor another op also
+    saved). "parameters" are the weights themselves or copies made of them (e.g. autocast's
+    16-bit weight casts); everything else is activations (including the input batch).
+    """
+    seen: set[int] = set()
+    out = {"activations": {}, "parameters": {}}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in seen:
+            seen.add(key)
+            kind = "parameters" if _is_parameter_copy(t) else "activations"
+            d = str(t.dtype).replace("torch.", "")
+            out[kind][d] = out[kind].get(d, 0) + storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn()
+    out["loss"] = loss
+    return out
+
+
+def grad_bytes(params: Iterable[torch.Tensor]) -> dict:
+    """Bytes held by ``.grad`` of ``params``, per dtype (``{dtype_str: bytes}``)."""
+    out: dict = {}
+    for p in params:
+        if p.grad is not None:
+            d = str(p.grad.dtype).replace("torch.", "")
+            out[d] = out.get(d, 0) + p.grad.numel() * p.grad.element_size()
+    return out

@@ -1,0 +1,320 @@
+"""Tests for course_lib.precision: formats against IEEE facts and torch's own rounding, the loss
+scalers against torch.amp.GradScaler, master weights against an FP32 optimizer."""
+
+import math
+import random
+import struct
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import precision as P
+from course_lib.models import TinyMLP, make_regression
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+# ---------------------------------------------------------------------------------- formats
+
+
+def test_bit_layouts_match_ieee_and_bfloat16():
+    assert P.bit_layout(torch.float32) == P.BitLayout(1, 8, 23)
+    assert P.bit_layout(torch.float16) == P.BitLayout(1, 5, 10)
+    assert P.bit_layout(torch.bfloat16) == P.BitLayout(1, 8, 7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_format_summary_range_is_what_torch_rounds_to(dtype):
+    s = P.format_summary(dtype)
+    assert s["exponent_bits"] + s["mantissa_bits"] + 1 == s["bits"]
+
+    def r(x):  # round a float64 to dtype and back
+        return torch.tensor(x, dtype=torch.float64).to(dtype).item()
+
+    assert r(s["max"]) == s["max"]
+    assert math.isinf(r(s["max"] * (1 + s["eps"])))  # one ulp above max overflows
+    assert r(s["smallest_subnormal"]) == s["smallest_subnormal"] > 0
+    assert r(s["smallest_subnormal"] * 0.5) == 0.0  # half of it ties to even: 0
+    assert r(s["smallest_normal"] * 0.5) > 0  # subnormals exist below the smallest normal
+    assert r(1 + s["eps"]) > 1 and r(1 + s["eps"] * 0.49) == 1
+
+
+def test_bits_of_matches_struct_for_fp32_and_known_fp16_patterns():
+    for x in [1.0, -2.5, 3.14159, 1e-40, 65504.0]:
+        raw = format(struct.unpack(">I", struct.pack(">f", x))[0], "032b")
+        assert "".join(P.bits_of(x, torch.float32)) == raw
+    assert P.bits_of(1.0, torch.float16) == ("0", "01111", "0" * 10)
+    assert P.bits_of(-2.0, torch.bfloat16) == ("1", "10000000", "0" * 7)
+    assert P.bits_of(65504.0, torch.float16) == ("0", "11110", "1" * 10)
+    # BF16 is the top half of FP32 (for a value that BF16 represents exactly)
+    assert "".join(P.bits_of(1.5, torch.bfloat16)) == "".join(P.bits_of(1.5, torch.float32))[:16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ulp_is_the_gap_to_the_next_number(dtype):
+    int_dtype = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[dtype]
+    for x in [1.0, 0.1, 3.0, 1000.0, 1e-6, 0.0]:
+        t = torch.tensor([x], dtype=dtype)
+        nxt = (t.view(int_dtype) + 1).view(dtype)  # next representable number above |x| (x >= 0)
+        assert P.ulp(x, dtype) == (nxt.double() - t.double()).item(), (x, dtype)
+
+
+def test_lost_update_threshold_is_half_an_ulp():
+    w = 1.0
+    for dtype in DTYPES:
+        u = P.ulp(w, dtype)
+        wt = torch.tensor(w, dtype=dtype)
+        assert (wt + torch.tensor(0.49 * u, dtype=dtype)).item() == w
+        assert (wt + torch.tensor(0.51 * u, dtype=dtype)).item() != w
+
+
+def test_format_functions_reject_non_float_dtypes():
+    with pytest.raises(TypeError, match="torch.float32"):
+        P.bit_layout(torch.int32)
+    with pytest.raises(TypeError):
+        P.format_summary("fp16")
+    with pytest.raises(ValueError, match="non-finite"):
+        P.ulp(1e6, torch.float16)  # 1e6 overflows FP16
+
+
+def test_plot_bit_layouts_runs():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = P.plot_bit_layouts(value=-1.5)
+    assert ax.get_title() and ax.get_xlabel()
+
+
+# ---------------------------------------------------------------------------- loss scaling
+
+
+def _torch_scale_sequence(found_infs, **kw):
+    """Drive torch.amp.GradScaler with found_inf flags through real gradients; return scales
+    (after each update) and growth trackers."""
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    gs = torch.amp.GradScaler("cpu", **kw)
+    gs.scale(torch.tensor(1.0))  # lazily creates the scale tensor
+    scales, trackers = [], []
+    for bad in found_infs:
+        p.grad = torch.tensor([float("inf") if bad else 1.0, 1.0])
+        gs.step(opt)
+        gs.update()
+        scales.append(gs.get_scale())
+        trackers.append(gs._get_growth_tracker())
+    return scales, trackers
+
+
+@pytest.mark.parametrize("kw", [
+    dict(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=3),
+    dict(init_scale=1000.0, growth_factor=1.7, backoff_factor=0.3, growth_interval=2),
+    dict(init_scale=5.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=1),
+])
+def test_update_scale_matches_gradscaler(kw):
+    rng = random.Random(0)
+    flags = [rng.random() < 0.3 for _ in range(60)]
+    ref_scales, ref_trackers = _torch_scale_sequence(flags, **kw)
+    scale, tracker = kw["init_scale"], 0
+    for i, bad in enumerate(flags):
+        scale, tracker = P.update_scale(scale, tracker, bad, kw["growth_factor"],
+                                        kw["backoff_factor"], kw["growth_interval"])
+        assert (scale, tracker) == (ref_scales[i], ref_trackers[i]), f"step {i}"
+
+
+def test_scale_never_grows_to_inf_like_gradscaler():
+    kw = dict(init_scale=2.0**126, growth_factor=2.0, backoff_factor=0.5, growth_interval=1)
+    ref, _ = _torch_scale_sequence([False] * 4, **kw)
+    s, t, mine = kw["init_scale"], 0, []
+    for _ in range(4):
+        s, t = P.update_scale(s, t, False, 2.0, 0.5, 1)
+        mine.append(s)
+    assert mine == ref == [2.0**127] * 4
+
+
+def test_dynamic_scaler_matches_gradscaler_step_by_step_on_a_gradient_sequence():
+    torch.manual_seed(0)
+    kw = dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=4)
+    p_ref = torch.nn.Parameter(torch.randn(5))
+    p_me = torch.nn.Parameter(p_ref.detach().clone())
+    opt_ref = torch.optim.SGD([p_ref], lr=0.01, momentum=0.9)
+    opt_me = torch.optim.SGD([p_me], lr=0.01, momentum=0.9)
+    gs = torch.amp.GradScaler("cpu", **kw)
+    me = P.DynamicLossScaler(**kw)
+    for step in range(40):
+        g = torch.randn(5)
+        if step % 7 == 3:
+            g[step % 5] = float("inf")
+        if step % 11 == 5:
+            g[0] = float("nan")
+        # the same *unscaled* gradient, scaled by each scaler's current scale through backward
+        gs.scale((p_ref * g).sum()).backward()
+        me.scale((p_me * g).sum()).backward()
+        before = p_ref.detach().clone()
+        gs.step(opt_ref)
+        gs.update()
+        ref_stepped = not torch.equal(before, p_ref.detach())
+        stepped = me.step(opt_me)
+        me.update(found_inf=not stepped)
+        assert stepped == ref_stepped, f"step {step}: skip decision differs"
+        assert me.get_scale() == gs.get_scale(), f"step {step}"
+        assert torch.equal(p_me, p_ref), f"step {step}: parameters differ"
+        opt_ref.zero_grad()
+        opt_me.zero_grad()
+
+
+def test_static_scaler_skips_on_inf_and_keeps_scale():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=1.0)
+    s = P.StaticLossScaler(128.0)
+    s.scale((p * torch.tensor([1.0, 2.0, 3.0])).sum()).backward()
+    assert s.step(opt)
+    assert torch.equal(p.detach(), torch.tensor([0.0, -1.0, -2.0]))  # unscaled exactly
+    opt.zero_grad()
+    p.grad = torch.tensor([float("inf"), 0.0, 0.0])
+    assert not s.step(opt)
+    s.update(True)
+    assert s.get_scale() == 128.0
+    assert torch.equal(p.detach(), torch.tensor([0.0, -1.0, -2.0]))
+
+
+def test_unscale_grads_fp16_is_done_in_fp32():
+    # 2**-20 * 2**16 = 2**-4: representable; dividing in FP16 by multiplying with 2**-16 (a
+    # subnormal in FP16) would still be exact, but with scale 2**30 the inverse 2**-30
+    # underflows to 0 in FP16 -- the FP32 path must not.
+    g = torch.tensor([2.0**-4], dtype=torch.float16)
+    assert not P.unscale_grads_([g], 2.0**16)
+    assert g.item() == 2.0**-20
+    g = torch.tensor([1.0], dtype=torch.float16)
+    P.unscale_grads_([g], 2.0**24)
+    assert g.item() == 2.0**-24  # the smallest FP16 subnormal, not 0
+
+
+def test_unscale_grads_reports_inf_and_nan():
+    assert P.unscale_grads_([torch.ones(2), None, torch.tensor([float("nan")])], 2.0)
+    assert P.unscale_grads_([torch.tensor([-float("inf")])], 2.0)
+    assert not P.has_non_finite([torch.ones(3), None])
+    with pytest.raises(ValueError, match="positive finite"):
+        P.unscale_grads_([torch.ones(1)], 0.0)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(init_scale=-1.0), "init_scale"),
+    (dict(init_scale=float("inf")), "init_scale"),
+    (dict(growth_factor=1.0), "growth_factor"),
+    (dict(backoff_factor=1.0), "backoff_factor"),
+    (dict(backoff_factor=0.0), "backoff_factor"),
+    (dict(growth_interval=0), "growth_interval"),
+    (dict(growth_interval=2.5), "growth_interval"),
+])
+def test_dynamic_scaler_rejects_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        P.DynamicLossScaler(**kw)
+
+
+# --------------------------------------------------------------------------- master weights
+
+
+def test_master_step_equals_fp32_optimizer_on_the_upcast_gradients():
+    torch.manual_seed(0)
+    model = TinyMLP(8, 16, 2, 2).half()
+    X, y = make_regression(33, 8, 2, seed=1)  # 33: not a power of two
+    opt = P.MasterWeightOptimizer(model.parameters(), lambda ps: torch.optim.Adam(ps, lr=1e-2),
+                                  P.DynamicLossScaler(init_scale=2.0**8, growth_interval=2))
+    ref = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    ref_opt = torch.optim.Adam(ref, lr=1e-2)
+    for step in range(5):
+        scale = opt.scaler.get_scale()
+        loss = F.mse_loss(model(X.half()).float(), y)
+        opt.scaler.scale(loss).backward()
+        grads = [p.grad.float() / scale for p in model.parameters()]
+        assert opt.step()
+        for r, g in zip(ref, grads):
+            r.grad = g
+        ref_opt.step()
+        for m, r, p in zip(opt.master_params, ref, model.parameters()):
+            assert torch.equal(m, r), f"step {step}: master weights differ"
+            assert p.dtype == torch.float16 and torch.equal(p, r.half()), "model copy != rounded master"
+            assert p.grad is None
+    assert opt.scaler.get_scale() == 2.0**10  # grew twice (interval 2, 5 clean steps)
+
+
+def test_master_step_skips_on_overflow_and_backs_off():
+    model = torch.nn.Linear(3, 1).half()
+    opt = P.MasterWeightOptimizer(model.parameters(), lambda ps: torch.optim.SGD(ps, lr=0.1),
+                                  P.DynamicLossScaler(init_scale=2.0**16))
+    before = [m.detach().clone() for m in opt.master_params]
+    x = torch.full((1, 3), 100.0, dtype=torch.float16)
+    opt.scaler.scale(model(x).float().sum() * 100).backward()  # 2**16 * 1e4 overflows FP16
+    assert P.has_non_finite(p.grad for p in model.parameters())
+    assert not opt.step()
+    assert opt.skipped == 1 and opt.scaler.get_scale() == 2.0**15
+    for b, m in zip(before, opt.master_params):
+        assert torch.equal(b, m)
+
+
+def test_master_weights_keep_updates_that_pure_fp16_loses():
+    w16 = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    lr, g = 1e-3, 0.1  # update 1e-4 < ulp(1)/2 = 2**-11 in FP16
+    assert lr * g < P.ulp(1.0, torch.float16) / 2
+    pure = torch.optim.SGD([w16], lr=lr)
+    model16 = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    mw = P.MasterWeightOptimizer([model16], lambda ps: torch.optim.SGD(ps, lr=lr))
+    for _ in range(100):
+        w16.grad = torch.full((4,), -g, dtype=torch.float16)
+        pure.step()
+        model16.grad = torch.full((4,), -g, dtype=torch.float16)
+        mw.step()
+    assert torch.all(w16 == 1.0)  # every update was rounded away
+    expected = 1.0 + 100 * lr * torch.tensor(-g, dtype=torch.float16).abs().float()
+    assert torch.allclose(mw.master_params[0], expected.expand(4), rtol=1e-5)
+    assert torch.all(model16 > 1.0)
+
+
+def test_master_step_rejects_mismatched_params():
+    a = [torch.nn.Parameter(torch.ones(2, dtype=torch.float16))]
+    with pytest.raises(ValueError, match="make_master_params"):
+        P.master_step(a, [], torch.optim.SGD(a, lr=1.0), P.StaticLossScaler(1.0))
+    with pytest.raises(ValueError, match="empty"):
+        P.make_master_params([])
+
+
+# ----------------------------------------------------------------------------------- memory
+
+
+def _tiny_run(B, d_in, h, dtype=None):
+    torch.manual_seed(0)
+    model = TinyMLP(d_in, h, 1, 3)
+    X, y = make_regression(B, d_in, 1, seed=0)
+
+    def fwd():
+        if dtype is None:
+            return F.mse_loss(model(X), y)
+        with torch.autocast("cpu", dtype=dtype):
+            out = model(X)
+        return F.mse_loss(out.float(), y)
+
+    return model, P.saved_tensors_report(fwd)
+
+
+def test_saved_tensors_report_counts_exact_bytes():
+    B, d_in, h = 37, 5, 24
+    model, rep = _tiny_run(B, d_in, h)
+    # saved: x, two (pre-GELU, post-GELU) pairs of (B, h), output and target (B, 1)
+    assert rep["activations"] == {"float32": 4 * (B * d_in + 4 * B * h + 2 * B)}
+    # layers 2 and 3 save their weights (layer 1 does not: x needs no gradient)
+    assert rep["parameters"] == {"float32": 4 * (h * h + h)}
+    rep["loss"].backward()
+    n = sum(p.numel() for p in model.parameters())
+    assert P.grad_bytes(model.parameters()) == {"float32": 4 * n}
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")])
+def test_autocast_halves_saved_activations_but_not_weight_grads(dtype, name):
+    B, d_in, h = 37, 5, 24
+    model, rep = _tiny_run(B, d_in, h, dtype)
+    assert rep["activations"] == {name: 2 * (B * d_in + 4 * B * h), "float32": 4 * 2 * B}
+    assert rep["parameters"] == {name: 2 * (h * h + h)}  # autocast's 16-bit weight copies
+    rep["loss"].backward()
+    n = sum(p.numel() for p in model.parameters())
+    assert P.grad_bytes(model.parameters()) == {"float32": 4 * n}
