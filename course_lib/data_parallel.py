@@ -39,6 +39,8 @@ __all__ = [
     "NaiveDDP",
     "BucketedDDP",
     "ring_allreduce_bytes",
+    "shard_range",
+    "shard_loss_weight",
 ]
 
 
@@ -59,6 +61,36 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     algorithm the backend chooses (so this is the bandwidth-optimal estimate, not a wire capture).
     """
     return int(round(2 * (world_size - 1) / world_size * nbytes))
+
+
+def shard_range(n: int, rank: int, world_size: int) -> slice:
+    """Rank ``rank``'s contiguous share of ``n`` samples: the first ``n % world_size`` ranks get one
+    sample more, so sizes differ by at most one (e.g. n=30, N=4 -> 8, 8, 7, 7).
+
+    Raises ValueError when a rank would get no sample (its gradient would be undefined).
+    """
+    for name, v in (("n", n), ("rank", rank), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    if n < world_size:
+        raise ValueError(f"cannot split n={n} samples over world_size={world_size} ranks: some rank "
+                         f"would get none; use a global batch of at least {world_size} samples")
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
+def shard_loss_weight(n: int, rank: int, world_size: int) -> float:
+    """Factor for rank ``rank``'s *mean* loss so that DDP's average equals the full-batch mean.
+
+    DDP averages the per-rank gradients with equal weights 1/N. With shards of sizes ``n_r`` the
+    full-batch mean gradient is ``sum_r (n_r / n) g_r``, so rank r must scale its mean loss by
+    ``N * n_r / n`` (exactly 1 when N divides n). Without it, samples on smaller shards count more.
+    """
+    s = shard_range(n, rank, world_size)
+    return world_size * (s.stop - s.start) / n
 
 
 def _check_module(module) -> None:
