@@ -335,6 +335,8 @@ class Cluster:
             raise TypeError(f"{name} or its arguments could not be pickled to send them to the ranks "
                             f"({type(exc).__name__}: {exc}); pass plain data and tensors") from exc
         timeout = self.timeout if timeout is None else float(timeout)
+        if any(rk.proc.poll() is not None for rk in self._ranks):
+            self._kill()  # a rank died while idle (killed from outside, say): start afresh
         if not self._ranks:
             self._start()
         self._task_id += 1

@@ -168,6 +168,16 @@ def test_hang_times_out_and_leaves_no_process(cluster):
     assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
 
 
+def test_rank_killed_between_calls_is_replaced(cluster):
+    import signal
+
+    victim = cluster.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    assert_all_gone([victim])
+    assert cluster.run(all_reduce_rank, 1) == [[3.0]] * 3
+    assert victim not in cluster.pids
+
+
 def test_unpicklable_return_names_rank(cluster):
     with pytest.raises(RankError, match="return value of rank 0 could not be pickled"):
         cluster.run(unpicklable_result)
