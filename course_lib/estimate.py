@@ -8,7 +8,7 @@ formulas against what PyTorch really does.
 Units and notation (the papers' own):
 
 * FLOPs are floating-point operations (a multiply-add counts as 2), never FLOP/s.
-* Memory is in bytes; ``GB`` is ``1e9`` bytes (decimal, as the ZeRO paper and the seed use).
+* Memory is in bytes; ``GB`` is ``1e9`` bytes (decimal, as the ZeRO paper and the course source use).
 * ``B`` or ``b`` batch (micro-batch), ``n`` or ``s`` sequence length, ``d`` or ``h`` hidden size,
   ``a`` attention heads, ``L`` layers, ``t`` tensor-parallel degree, ``N`` data-parallel degree,
   ``Psi`` parameter count, ``K`` optimizer-state bytes per parameter.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numbers
 
-GB = 1e9  #: bytes in a (decimal) gigabyte, as used by the ZeRO paper and the seed
+GB = 1e9  #: bytes in a (decimal) gigabyte, as used by the ZeRO paper and the course source
 
 PRECISIONS = ("fp32", "mixed")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
@@ -98,7 +98,7 @@ def transformer_layer_flops_breakdown(batch: int, seq: int, d_model: int, ffn_mu
     Returns a dict (FLOPs) with keys ``qkv`` (``6 B n d^2``), ``scores`` (``Q K^T``: ``2 B n^2 d``),
     ``weighted_sum`` (``softmax @ V``: ``2 B n^2 d``), ``out_proj`` (``2 B n d^2``) and ``ffn``
     (``d -> ffn_mult*d -> d``: ``4 * ffn_mult * B n d^2``). With ``ffn_mult=4`` the sum is
-    ``24 B n d^2 + 4 B n^2 d`` (Narayanan et al. 2021, §5.1; the seed's exercise 1). The number of
+    ``24 B n d^2 + 4 B n^2 d`` (Narayanan et al. 2021, §5.1; the course source's exercise 1). The number of
     heads does not appear: the heads split ``d`` among themselves. Softmax, layer norms, GELU,
     biases and residual adds are element-wise, ``O(B n d + B a n^2)``, and are not counted.
     """
@@ -152,7 +152,7 @@ def gpt_param_count(n_layer: int, d_model: int, vocab_size: int = 0, n_ctx: int 
     Per layer ``12 d^2 + 13 d`` for ``ffn_mult=4``: fused QKV ``3d^2 + 3d``, output projection
     ``d^2 + d``, FFN ``4d^2 + 4d`` and ``4d^2 + d``, two layer norms ``4d``. Around the layers:
     token embedding ``V d``, learned positions ``n_ctx d``, final layer norm ``2d``, and an LM head
-    ``V d`` only when it is not tied to the token embedding (GPT-2 ties it). The seed's
+    ``V d`` only when it is not tied to the token embedding (GPT-2 ties it). The course source's
     ``L (12 d^2 + 13 d)`` is the per-layer part only, which is also what Kaplan et al. 2020 (§2.1)
     call the non-embedding parameter count (``N ~ 12 L d^2``).
     """
@@ -184,7 +184,7 @@ def model_state_bytes(n_params: float, precision: str = "fp32", optimizer: str =
     """Bytes of parameters, gradients and optimizer states for ``n_params`` parameters.
 
     ``precision="fp32"``: 4-byte parameters and gradients, 4-byte optimizer buffers
-    (Adam: momentum + variance, ``16`` bytes/parameter in all; the seed's 7B example: 112 GB).
+    (Adam: momentum + variance, ``16`` bytes/parameter in all; the course source's 7B example: 112 GB).
 
     ``precision="mixed"``: the accounting of ZeRO §3.1 for mixed-precision training: fp16/bf16
     parameters (2 bytes) and gradients (2 bytes), plus ``K`` bytes of fp32 optimizer state, where

@@ -81,7 +81,7 @@ def test_param_count_gpt2_sizes():
     # GPT-2 small and medium (Radford et al. 2019), by hand: L(12d^2+13d) + Vd + n_ctx d + 2d
     assert E.gpt_param_count(12, 768, 50257, 1024) == 124_439_808
     assert E.gpt_param_count(24, 1024, 50257, 1024) == 354_823_168
-    # the seed's count is the per-layer part only
+    # the source's count is the per-layer part only
     assert E.gpt_param_count(24, 1024) == 24 * (12 * 1024 ** 2 + 13 * 1024) + 2 * 1024
     assert E.gpt_param_count(1, 4, 10, 0, tied_embeddings=False) == 12 * 16 + 13 * 4 + 2 * 40 + 8
 
@@ -93,7 +93,7 @@ def test_6N():
 
 # --------------------------------------------------------------------------- model states
 
-def test_seed_7b_fp32_adam_is_112_gb():
+def test_source_7b_fp32_adam_is_112_gb():
     s = E.model_state_bytes(7e9, "fp32", "adam")
     assert s == {"parameters": 28e9, "gradients": 28e9, "optimizer_states": 56e9}
     assert sum(s.values()) / E.GB == 112.0
