@@ -217,9 +217,10 @@ class BucketedDDP(nn.Module):
     """Bucketed data parallelism with communication overlapped with backward.
 
     * At construction the replicas are made identical (broadcast from ``src``) and the trainable
-      parameters are split into buckets of at most ``bucket_cap_bytes`` (a parameter larger than the
-      cap gets a bucket of its own), walking the parameters in *reverse* registration order: backward
-      visits the last layers first, so the first bucket fills first.
+      parameters are split into buckets, walking them in *reverse* registration order (backward
+      visits the last layers first, so the first bucket fills first); a bucket is closed as soon as
+      it holds ``bucket_cap_bytes`` or more, so it overshoots the cap by less than one parameter --
+      the rule torch DDP uses (``_compute_bucket_assignment_by_size``).
     * ``param.register_post_accumulate_grad_hook`` marks a parameter ready once its ``.grad`` is final
       for this backward. When a bucket is complete, its gradients are copied into one flat buffer,
       divided by the world size and handed to ``dist.all_reduce(async_op=True)``; backward continues
@@ -262,15 +263,17 @@ class BucketedDDP(nn.Module):
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, slot)
         cur, cur_bytes = [], 0
         for p in reversed(params):
-            nbytes = p.numel() * p.element_size()
-            # close the bucket if it is full, or if dtype/device change (one flat buffer per bucket)
-            if cur and (cur_bytes + nbytes > bucket_cap_bytes or p.dtype != cur[0].dtype
-                        or p.device != cur[0].device):
+            # one flat buffer per bucket: a dtype/device change starts a new bucket
+            if cur and (p.dtype != cur[0].dtype or p.device != cur[0].device):
                 self._add_bucket(cur)
                 cur, cur_bytes = [], 0
             cur.append(p)
-            cur_bytes += nbytes
-        self._add_bucket(cur)
+            cur_bytes += p.numel() * p.element_size()
+            if cur_bytes >= bucket_cap_bytes:  # full: close it (it may overshoot by < one parameter)
+                self._add_bucket(cur)
+                cur, cur_bytes = [], 0
+        if cur:
+            self._add_bucket(cur)
 
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
         self._next_bucket = 0
@@ -343,14 +346,16 @@ class BucketedDDP(nn.Module):
         if b.flat is None:
             b.flat = torch.empty(b.numel + len(b.params), dtype=p0.dtype, device=p0.device)
         flat = b.flat
-        for slot, (p, off) in enumerate(zip(b.params, b.offsets)):
+        flags = []
+        for p, off in zip(b.params, b.offsets):
             if p.grad is None:  # no gradient on this rank: contribute zeros, flag 0
                 flat[off:off + p.numel()].zero_()
-                flat[b.numel + slot] = 0.0
+                flags.append(0.0)
             else:
-                flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
-                flat[b.numel + slot] = 1.0
-        flat[:b.numel].div_(self.world_size)  # averaging = sum of (g_r / N)
+                # averaging = sum over ranks of g_r / N; dividing while copying saves a pass
+                torch.div(p.grad.reshape(-1), self.world_size, out=flat[off:off + p.numel()])
+                flags.append(1.0)
+        flat[b.numel:] = torch.tensor(flags, dtype=flat.dtype)
         rec = _current_recorder()
         now = time.time()
         if rec is not None and self._t_prev is not None:
@@ -385,8 +390,9 @@ class BucketedDDP(nn.Module):
                 end = b.t_done[0] if b.t_done else time.time()
                 nb = ring_allreduce_bytes(b.numel * b.flat.element_size(), self.world_size)
                 rec.comm(f"all_reduce bucket {bi}", nb, nb, b.t_launch, end)
+            had_grad = b.flat[b.numel:].tolist()  # per parameter: how many ranks had a gradient
             for slot, (p, off) in enumerate(zip(b.params, b.offsets)):
-                if b.flat[b.numel + slot].item() == 0:  # no rank had a gradient: keep None
+                if had_grad[slot] == 0:  # no rank had a gradient: keep None
                     continue
                 avg = b.flat[off:off + p.numel()].view_as(p)
                 if p.grad is None:

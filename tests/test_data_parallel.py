@@ -359,9 +359,15 @@ def test_buckets_reverse_order_and_cap(cluster):
 
     expected = [n for n, _ in TinyMLP(16, 32, 1, 3).named_parameters()][::-1]
     assert order == expected, f"buckets must walk the parameters in reverse: {order}"
-    # a bucket holds several params only if they fit under the cap; a lone param may exceed it
+    # a bucket is closed once it reaches the cap: without its last parameter it was below the cap
+    from course_lib.models import TinyMLP as _M
+
+    nbytes = {n: p.numel() * 4 for n, p in _M(16, 32, 1, 3).named_parameters()}
     for b, s in zip(layout, sizes):
-        assert s <= 2048 or len(b) == 1, f"bucket {b} of {s} B exceeds the 2048 B cap"
+        assert s == sum(nbytes[n] for n in b)
+        assert s - nbytes[b[-1]] < 2048, f"bucket {b} ({s} B) should have closed earlier"
+    for b, s in zip(layout[:-1], sizes[:-1]):
+        assert s >= 2048, f"bucket {b} ({s} B) was closed before reaching the 2048 B cap"
     assert len(layout) > 1
     one, _ = cluster.run(bucket_layout, 1 << 30)[0]
     assert len(one) == 1
