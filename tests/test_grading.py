@@ -18,7 +18,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from course_lib.grading import NotebookError, build, grade, load_solutions, make_exercise
-from course_lib.grading.grade import grade_one, prepare_submission
+from course_lib.grading.__main__ import main
+from course_lib.grading.grade import grade_one, identify_notebook, prepare_submission
 from course_lib.grading.notebook import grade_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,6 +96,13 @@ def cli(*args, cwd=None):
                           capture_output=True, text=True, timeout=900)
 
 
+def cli_inproc(capsys, *args):
+    """The CLI without a new interpreter (fast); returns an object like CompletedProcess."""
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
 # ----------------------------------------------------------------------------- build
 
 def test_build_makes_stubs_keeps_ids_and_metadata(course):
@@ -120,25 +128,25 @@ def test_build_makes_stubs_keeps_ids_and_metadata(course):
     assert make_exercise(sol).cells[1].outputs == []
 
 
-def test_build_check_detects_stale_missing_and_orphans(tmp_path):
+def test_build_check_detects_stale_missing_and_orphans(tmp_path, capsys):
     write(synthetic_solution(), tmp_path / "solutions" / f"{NAME}.ipynb")
     sol, ex = tmp_path / "solutions", tmp_path / "exercises"
-    r = cli("build", "--solutions", sol, "--exercises", ex, "--check")
+    r = cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex, "--check")
     assert r.returncode == 1 and f"{NAME}.ipynb" in r.stderr, r.stderr      # missing
-    assert cli("build", "--solutions", sol, "--exercises", ex).returncode == 0
+    assert cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex).returncode == 0
     before = (ex / f"{NAME}.ipynb").read_bytes()
-    r = cli("build", "--solutions", sol, "--exercises", ex, "--check")
+    r = cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex, "--check")
     assert r.returncode == 0, r.stderr
-    assert cli("build", "--solutions", sol, "--exercises", ex).returncode == 0
+    assert cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex).returncode == 0
     assert (ex / f"{NAME}.ipynb").read_bytes() == before                    # deterministic
     (ex / f"{NAME}.ipynb").write_text(before.decode().replace("YOUR CODE HERE", "my edit"))
-    r = cli("build", "--solutions", sol, "--exercises", ex, "--check")
+    r = cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex, "--check")
     assert r.returncode == 1 and f"{NAME}.ipynb" in r.stderr                 # hand-edited
     (ex / f"{NAME}.ipynb").write_bytes(before)
     write(synthetic_solution(), ex / "98_gone.ipynb")
-    r = cli("build", "--solutions", sol, "--exercises", ex, "--check")
+    r = cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex, "--check")
     assert r.returncode == 1 and "98_gone.ipynb" in r.stderr                 # orphan
-    assert cli("build", "--solutions", sol, "--exercises", ex).returncode == 0
+    assert cli_inproc(capsys, "build", "--solutions", sol, "--exercises", ex).returncode == 0
     assert not (ex / "98_gone.ipynb").exists()
 
 
@@ -169,10 +177,10 @@ def test_build_rejects_malformed_solutions(mutate, words):
         make_exercise(nb, "x.ipynb")
 
 
-def test_build_cli_reports_malformed_solution_with_exit_2(tmp_path):
+def test_build_cli_reports_malformed_solution_with_exit_2(tmp_path, capsys):
     nb = _broken(lambda nb: setattr(nb.cells[1], "source", "### BEGIN SOLUTION\nx = 1"))
     write(nb, tmp_path / "solutions" / f"{NAME}.ipynb")
-    r = cli("build", "--solutions", tmp_path / "solutions", "--exercises", tmp_path / "exercises")
+    r = cli_inproc(capsys, "build", "--solutions", tmp_path / "solutions", "--exercises", tmp_path / "exercises")
     assert r.returncode == 2 and "never closed" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -205,6 +213,28 @@ def test_unchanged_check_cells_are_not_flagged(course):
     assert prepare_submission(copy.deepcopy(sol), sol, "sol")[1] == {}
 
 
+def test_metadata_dropped_by_an_editor_is_recovered_from_check_cell_sources(course):
+    root, ex = course
+    sols = load_solutions(root / "solutions")
+    sub = copy.deepcopy(ex)
+    sub.metadata.pop("course")
+    for cell in sub.cells:
+        cell.metadata = {}
+    assert identify_notebook(sub, sols) == NAME
+    nb, restored = prepare_submission(sub, sols[NAME], "stripped.ipynb")
+    assert restored == {}
+    assert [grade_id(c) for c in nb.cells if grade_id(c)] == ["square", "add_neg", "total"]
+    report = grade_one(write(lecture_like(ex), root / "lecture_stripped.ipynb"), sols)
+    assert "not a notebook of this course" in report.error
+
+
+def lecture_like(ex):
+    nb = copy.deepcopy(ex)
+    nb.metadata.pop("course")
+    nb.cells = [c for c in nb.cells if grade_id(c) is None]
+    return nb
+
+
 # ----------------------------------------------------------------------------- bad input (no kernel)
 
 def bad_inputs(root: Path, ex) -> dict[str, Path]:
@@ -214,8 +244,7 @@ def bad_inputs(root: Path, ex) -> dict[str, Path]:
     (d / "list.ipynb").write_text("[1, 2]")
     lecture = copy.deepcopy(ex)
     lecture.cells = [c for c in lecture.cells if grade_id(c) is None]
-    other = copy.deepcopy(ex)
-    other.metadata.pop("course")
+    other = new_notebook(metadata={"kernelspec": KERNELSPEC}, cells=[new_code_cell("print('hello')")])
     unknown_nb = copy.deepcopy(ex)
     unknown_nb.metadata["course"]["notebook"] = "42_elsewhere"
     bogus = copy.deepcopy(ex)
@@ -346,11 +375,20 @@ def test_cli_outputs_table_csv_and_exit_status(graded):
     assert partial.split(",")[1:7] == [NAME, "2", "6", "2", "0", "0"]
 
 
-def test_cli_exit_status_zero_whatever_the_scores(course):
-    root, _ = course
-    r = cli("grade", root / "exercises" / f"{NAME}.ipynb", "--solutions", root / "solutions", "--quiet")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().endswith(": 0/6")
+def test_cli_exit_status_zero_whatever_the_scores(monkeypatch, capsys, tmp_path):
+    """Exit codes of `grade` without running a kernel: zero points is still a successful grading."""
+    import course_lib.grading.__main__ as cli_mod
+    from course_lib.grading import ExerciseResult, Report
+    zero = Report("x.ipynb", NAME, [ExerciseResult("square", 0, 2, "error", "NameError: name 'square' ...")])
+    monkeypatch.setattr(cli_mod, "grade", lambda *a, **k: [zero])
+    assert main(["grade", "x.ipynb", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == "x.ipynb: 0/2"
+    monkeypatch.setattr(cli_mod, "grade", lambda *a, **k: [zero, Report("y.ipynb", error="y.ipynb: bad")])
+    assert main(["grade", "x.ipynb", "y.ipynb", "--csv", str(tmp_path / "g.csv")]) == 1
+    assert "error: y.ipynb: bad" in capsys.readouterr().err
+    assert (tmp_path / "g.csv").read_text().splitlines()[2].endswith("y.ipynb: bad")
+    monkeypatch.setattr(cli_mod, "grade", lambda *a, **k: [])
+    assert main(["grade", str(tmp_path)]) == 2  # an empty folder: nothing to grade
 
 
 # ----------------------------------------------------------------------------- the course's notebooks
@@ -363,7 +401,7 @@ COURSE_TIMEOUT = 300
 def course_grades():
     """Every solution and its generated exercise, graded once per session."""
     paths = [*SOLUTIONS, *(REPO / "exercises" / p.name for p in SOLUTIONS)]
-    reports = grade(paths, REPO / "solutions", timeout=COURSE_TIMEOUT)
+    reports = grade(paths, REPO / "solutions", timeout=COURSE_TIMEOUT, jobs=2)
     return {(Path(r.submission).parent.name, Path(r.submission).stem): r for r in reports}
 
 

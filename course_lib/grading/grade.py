@@ -118,6 +118,34 @@ def _cell_ids(cell) -> set[str]:
     return {i for i in ids if i}
 
 
+def _check_sources(solution: nbformat.NotebookNode) -> dict[str, str]:
+    """``{normalised source: grade_id}`` of a solution's check cells, as shown and with hidden tests."""
+    out = {}
+    for _, c in check_cells(solution):
+        src = source_of(c)
+        out[_norm(hidden_free_source(src, grade_id(c)))] = grade_id(c)
+        out[_norm(src)] = grade_id(c)
+    return out
+
+
+def _adopt_check_cells(sub: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> None:
+    """Give an unedited check cell that lost its metadata (an editor that drops cell metadata) its grade id."""
+    known = _check_sources(solution)
+    for cell in sub.cells:
+        if cell.cell_type == "code" and grade_id(cell) is None and _norm(source_of(cell)) in known:
+            gid = known[_norm(source_of(cell))]
+            cell.setdefault("metadata", {})["course"] = copy.deepcopy(
+                next(c for _, c in check_cells(solution) if grade_id(c) == gid).metadata["course"])
+
+
+def identify_notebook(sub: nbformat.NotebookNode, solutions: dict[str, nbformat.NotebookNode]) -> str | None:
+    """For a submission without ``course.notebook``: the solution whose check cells it contains, if any."""
+    sources = {_norm(source_of(c)) for c in sub.cells if c.cell_type == "code"}
+    hits = {name: len(sources & set(_check_sources(sol))) for name, sol in solutions.items()}
+    best = max(hits, key=hits.get, default=None)
+    return best if best is not None and hits[best] > 0 else None
+
+
 def prepare_submission(sub: nbformat.NotebookNode, solution: nbformat.NotebookNode,
                        where: str) -> tuple[nbformat.NotebookNode, dict[str, str]]:
     """The notebook to run and ``{grade_id: "edited"|"deleted"|"duplicated"}`` for restored check cells.
@@ -126,6 +154,8 @@ def prepare_submission(sub: nbformat.NotebookNode, solution: nbformat.NotebookNo
     """
     canonical = {grade_id(c): c for _, c in check_cells(solution)}
     order = [grade_id(c) for _, c in check_cells(solution)]
+    sub = copy.deepcopy(sub)
+    _adopt_check_cells(sub, solution)
     found = check_cells(sub)
     if not found:
         raise NotebookError(f"{where}: no graded cells (no cell has course.grade_id metadata), so this is "
@@ -137,7 +167,7 @@ def prepare_submission(sub: nbformat.NotebookNode, solution: nbformat.NotebookNo
                                 f"{notebook_name(solution)} does not have (it has: {', '.join(order)}); "
                                 "copy your code into a fresh copy of the exercise notebook and submit that")
 
-    nb = copy.deepcopy(sub)
+    nb = sub
     restored: dict[str, str] = {}
     # Duplicates: keep the last copy (usually the one below the learner's code), drop the others.
     last = {grade_id(c): i for i, c in found}
@@ -231,8 +261,16 @@ def run_nbval(nb: nbformat.NotebookNode, timeout: float, workdir: Path) -> tuple
 # ----------------------------------------------------------------------------- scoring
 
 def _message(rec: dict) -> str:
+    """``Name: first line``; for an error raised on the ranks, also the rank's own exception line."""
     ename, evalue = rec.get("ename", ""), rec.get("evalue", "")
-    return f"{ename}: {evalue}" if evalue else ename
+    msg = f"{ename}: {evalue}" if evalue else ename
+    detail = rec.get("detail", "")
+    if ename == "RankError" and "--- rank " in detail:
+        first_rank = detail.split("--- rank ", 1)[1].split("--- rank ", 1)[0]
+        lines = [line.strip() for line in first_rank.splitlines()[1:] if line.strip()]
+        if lines:
+            msg += f" ({lines[-1]})"
+    return msg
 
 
 def score(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, restored: dict[str, str],
@@ -307,6 +345,10 @@ def grade_one(path: str | Path, solutions: dict[str, nbformat.NotebookNode],
     try:
         sub = read_notebook(path)
         name = notebook_name(sub)
+        if name is None and identify_notebook(sub, solutions):
+            name = identify_notebook(sub, solutions)
+            report.notes.append(f"the notebook metadata has no course.notebook (an editor may have dropped "
+                                f"it); identified as {name} by its check cells")
         if name is None:
             raise NotebookError(f"{path}: not a notebook of this course (its metadata has no course.notebook); "
                                 "download the exercise from the course's exercises/ folder, fill it in and "
@@ -325,7 +367,8 @@ def grade_one(path: str | Path, solutions: dict[str, nbformat.NotebookNode],
         records, output, code = run_nbval(nb, timeout, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report.exercises, report.notes = score(nb, solutions[name], restored, records, timeout, code, output)
+    report.exercises, notes = score(nb, solutions[name], restored, records, timeout, code, output)
+    report.notes += notes
     report.seconds = round(time.monotonic() - t0, 1)
     return report
 
@@ -358,13 +401,14 @@ def _status_text(e: ExerciseResult) -> str:
     return e.status + (f", restored ({e.restored})" if e.restored else "")
 
 
-def format_report(report: Report, width: int = 100) -> str:
+def format_report(report: Report, message_width: int = 100) -> str:
     """A plain-text table: exercise, points, max, status, first line of the failure, and the total."""
     head = f"{report.submission}" + (f"  [{report.notebook}]" if report.notebook else "")
     if report.error:
         return f"{head}\n  ERROR: {report.error}\n"
     rows = [("exercise", "points", "max", "status", "first line of the failure")]
-    rows += [(e.grade_id, str(e.points), str(e.max_points), _status_text(e), e.message)
+    clip = lambda m: m if len(m) <= message_width else m[:message_width - 3] + "..."  # noqa: E731
+    rows += [(e.grade_id, str(e.points), str(e.max_points), _status_text(e), clip(e.message))
              for e in report.exercises]
     rows.append(("total", str(report.total), str(report.max_total), "", ""))
     w = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -372,8 +416,7 @@ def format_report(report: Report, width: int = 100) -> str:
     for n, r in enumerate(rows):
         if n == len(rows) - 1:
             lines.append("  " + "-" * (sum(w) + 6))
-        text = f"  {r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:<{w[3]}}  {r[4]}".rstrip()
-        lines.append(text if len(text) <= width else text[:width - 3] + "...")
+        lines.append(f"  {r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:<{w[3]}}  {r[4]}".rstrip())
     lines += [f"  note: {n}" for n in report.notes]
     return "\n".join(lines) + "\n"
 

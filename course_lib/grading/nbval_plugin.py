@@ -118,6 +118,7 @@ def pytest_runtest_makereport(item, call):
         elif errors:
             err = errors[-1]
             outcome, ename, evalue = "error", err.get("ename", ""), _first_line(err.get("evalue", ""))
+            rec["detail"] = _ANSI_RE.sub("", err.get("evalue", ""))[:4000]  # e.g. a RankError's rank tracebacks
         else:
             outcome, ename, evalue = "error", type(exc.value).__name__, _first_line(text)
         rec.update(outcome=outcome, ename=ename, evalue=evalue)
