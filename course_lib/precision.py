@@ -126,7 +126,8 @@ def ulp(x: float, dtype: torch.dtype) -> float:
     For a normal number ``2**floor(log2|x|) * eps``; in the subnormal range (and at 0) the
     constant ``smallest_subnormal``. An update ``u`` with ``|u| < ulp(w)/2`` is rounded away:
     ``w + u == w`` in ``dtype`` (round to nearest; the lost-update problem, Micikevicius et al.
-    2018, Sec. 3.1).
+    2018, Sec. 3.1). Exception: when ``|w|`` is a power of two the gap *below* it is only
+    ``ulp(w)/2``, so updates towards zero are lost only below ``ulp(w)/4``.
     """
     dtype = _check_float_dtype(dtype)
     fi = torch.finfo(dtype)
@@ -338,7 +339,11 @@ def master_step(model_params: Sequence[torch.Tensor], master_params: Sequence[to
     3. if all finite: ``optimizer.step()`` on the master weights (an update far smaller than
        the weight survives in FP32), then copy the master weights back into the model (rounded
        to the model's dtype); otherwise skip the step,
-    4. ``scaler.update(found_inf)``, and clear the model's gradients for the next backward.
+    4. ``scaler.update(found_inf)``; clear the model's gradients and the FP32 gradient copies.
+
+    Memory: the FP32 gradient copies exist only during this call (4 bytes per parameter on top of
+    the model's 2-byte gradients); an implementation can convert one tensor at a time to shrink
+    that peak, ours converts all of them at once for clarity.
 
     ``optimizer`` must have been built over ``master_params``.
     """
@@ -357,8 +362,11 @@ def master_step(model_params: Sequence[torch.Tensor], master_params: Sequence[to
             for p, m in zip(model_params, master_params):
                 p.copy_(m)  # copy_ rounds FP32 -> the model's dtype
         scaler.update(found_inf)
-        for p in model_params:
+        # the FP32 gradient copies are only needed during the step; free them (and the model's
+        # 16-bit gradients) so neither lives on into the next forward pass
+        for p, m in zip(model_params, master_params):
             p.grad = None
+            m.grad = None
     return not found_inf
 
 

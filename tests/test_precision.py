@@ -318,3 +318,10 @@ def test_autocast_halves_saved_activations_but_not_weight_grads(dtype, name):
     rep["loss"].backward()
     n = sum(p.numel() for p in model.parameters())
     assert P.grad_bytes(model.parameters()) == {"float32": 4 * n}
+
+
+def test_lost_update_is_asymmetric_at_a_power_of_two():
+    u = P.ulp(1.0, torch.float16)
+    one = torch.tensor(1.0, dtype=torch.float16)
+    assert (one - torch.tensor(0.3 * u, dtype=torch.float16)).item() < 1.0  # gap below 1 is u/2
+    assert (torch.tensor(1.5, dtype=torch.float16) - torch.tensor(0.49 * u, dtype=torch.float16)).item() == 1.5
