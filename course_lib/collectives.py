@@ -46,6 +46,7 @@ receiver (a cycle), which is legal MPI-style behaviour for large messages.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -63,6 +64,7 @@ __all__ = [
     "all_to_all",
     "ring_all_reduce_bytes",
     "naive_all_reduce_bytes",
+    "free_scratch",
 ]
 
 # A hook called after each ring step: hook(phase, step, flat_buffer). The notebook uses it to
@@ -168,6 +170,29 @@ class _Group:
         return dist.irecv(t, self.global_ranks[src], group=self.group, tag=tag)
 
 
+# Receive buffers are reused between calls: a fresh multi-megabyte tensor costs a page fault per
+# 4 KiB page on first touch, which measured ~20 ms per 32 MB here, a sizeable fraction of an
+# all-reduce. Thread-local, so collectives called from two threads (e.g. a gradient hook) never
+# share a buffer.
+_SCRATCH = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A cached 1-D buffer of at least ``numel`` elements of ``dtype`` (contents undefined)."""
+    cache = getattr(_SCRATCH, "buffers", None)
+    if cache is None:
+        cache = _SCRATCH.buffers = {}
+    buf = cache.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = cache[dtype] = torch.empty(numel, dtype=dtype)
+    return buf[:numel]
+
+
+def free_scratch() -> None:
+    """Release this thread's cached receive buffers (they are kept to make repeated calls fast)."""
+    _SCRATCH.buffers = {}
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -193,12 +218,16 @@ def _exchange(g: _Group, send: torch.Tensor | None, dst: int, recv: torch.Tensor
             rec.comm(name, sent, got, start, time.perf_counter(), **extra)
 
 
-def _finish_avg(t: torch.Tensor, world_size: int) -> None:
-    if t.is_floating_point():
-        t.div_(world_size)
-    else:  # integer average is floor division, as torch does not define AVG on integers either
+def _check_avg(t: torch.Tensor, op: str) -> None:
+    # Checked before any message is posted, so a bad call fails on every rank without leaving
+    # half a collective in flight.
+    if op == "avg" and not t.is_floating_point():
         raise TypeError(f"op='avg' needs a floating-point tensor, got {t.dtype}; use op='sum' and "
                         "divide yourself")
+
+
+def _finish_avg(t: torch.Tensor, world_size: int) -> None:
+    t.div_(world_size)
 
 
 # ------------------------------------------------------------------------------------------
@@ -218,6 +247,7 @@ def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0) 
     """
     op = _parse_op(op)
     _check_tensor(tensor)
+    _check_avg(tensor, op)
     g = _Group(group)
     if not 0 <= root < g.size:
         raise ValueError(f"root={root} is not a rank of the group (world_size={g.size})")
@@ -226,7 +256,9 @@ def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0) 
     if g.size > 1 and flat.numel() > 0:
         if g.rank == root:
             # Post all receives at once (the root's link is the bottleneck, not the posting).
-            bufs = {r: torch.empty_like(flat) for r in range(g.size) if r != root}
+            scratch = _scratch((g.size - 1) * flat.numel(), flat.dtype)
+            others = [r for r in range(g.size) if r != root]
+            bufs = {r: scratch[i * flat.numel():(i + 1) * flat.numel()] for i, r in enumerate(others)}
             start = time.perf_counter()
             works = [(r, g.irecv(bufs[r], r)) for r in bufs]
             for r, w in works:
@@ -270,85 +302,91 @@ def _pieces(lo: int, hi: int, itemsize: int, pipeline_bytes: int) -> list[tuple[
     return [(lo + a, lo + b) for a, b in chunk_bounds(n, k)]
 
 
-def _tag(phase: int, step: int) -> int:
-    """A distinct message tag per (phase, step); pieces of one step add 0.._MAX_PIECES-1.
+def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int, offset: int,
+          name: str, rec, hook: StepHook | None, pipeline_bytes: int,
+          finish: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Run ``n_steps`` ring steps on the chunks ``bounds`` of the flat vector ``flat``, in place.
 
-    Distinct tags make matching independent of how far ahead a fast neighbour runs.
-    """
-    return (phase * 4096 + step) * _MAX_PIECES
+    Step t: send chunk ``(rank - t - offset) mod N`` to the right neighbour, receive chunk
+    ``(rank - t - offset - 1) mod N`` from the left one. In the first ``n_reduce`` steps the
+    received values are *added* to ours (reduce-scatter), in the later ones they *replace* ours
+    (all-gather). What a rank receives in step t is exactly what it sends in step t+1, so
 
+    * reduce-scatter = ``offset=1``, N-1 steps, all reducing: the partial sum of chunk c starts at
+      rank c+1 and travels N-1 hops, gaining one term per hop, to end complete at rank c;
+    * all-gather = ``offset=0``, N-1 steps, none reducing: rank r's chunk r travels N-1 hops;
+    * all-reduce = ``offset=1``, 2(N-1) steps, the first N-1 reducing: the two, back to back.
 
-def _ring_reduce_scatter_flat(g: _Group, flat: torch.Tensor, bounds, name: str, rec,
-                              hook: StepHook | None, pipeline_bytes: int) -> None:
-    """After this, chunk ``g.rank`` of ``flat`` holds the sum over ranks (other chunks: partials).
+    Pipelining: a chunk travels as pieces of about ``pipeline_bytes`` (one piece when 0). As soon
+    as piece k of step t has arrived (and been added), it is sent on as piece k of step t+1, while
+    later pieces of step t are still in flight; the receives of step t+1 are posted before step t
+    is consumed, so a neighbour never waits for us to be ready. This overlaps the additions with
+    the transfers and keeps both links of every rank busy, as production rings do.
 
-    Step s (0 <= s < N-1): send chunk (rank - s - 1) mod N to the right neighbour, receive chunk
-    (rank - s - 2) mod N from the left and add it to ours. The partial sum of chunk c starts at rank
-    c + 1 and travels N - 1 hops around the ring, collecting one term per hop, ending at rank c.
+    ``finish(piece)`` is applied to each piece of the chunk completed by the last reducing step
+    before it is sent on (the division of ``op="avg"``). ``hook(phase, step, flat)`` is called
+    after each step.
     """
     N, r = g.size, g.rank
-    if N == 1:
+    if N == 1 or n_steps == 0:
         return
+    item = flat.element_size()
+
+    def send_chunk(t):
+        return (r - t - offset) % N
+
+    def recv_chunk(t):
+        return (r - t - offset - 1) % N
+
+    def pieces(c):
+        return _pieces(bounds[c][0], bounds[c][1], item, pipeline_bytes)
+
+    # Two receive buffers: step t+1 receives into one while step t is consumed from the other.
     max_chunk = max(hi - lo for lo, hi in bounds)
-    buf = torch.empty(max_chunk, dtype=flat.dtype)  # one receive buffer, reused by every step
-    for step in range(N - 1):
-        send_c = (r - step - 1) % N
-        recv_c = (r - step - 2) % N
-        s_lo, s_hi = bounds[send_c]
-        r_lo, r_hi = bounds[recv_c]
+    scratch = _scratch(2 * max_chunk, flat.dtype)
+    bufs = [scratch[:max_chunk], scratch[max_chunk:]]
+
+    def post_recvs(t):
+        lo, buf = bounds[recv_chunk(t)][0], bufs[t % 2]
+        return [(a, b, buf[a - lo:b - lo],
+                 g.irecv(buf[a - lo:b - lo], g.left(), tag=t * _MAX_PIECES + k))
+                for k, (a, b) in enumerate(pieces(recv_chunk(t)))]
+
+    def post_send(t, k, a, b):
+        # A distinct tag per (step, piece) makes matching independent of how far ahead a fast
+        # neighbour runs; messages with equal tags (from different calls) are matched in order.
+        return g.isend(flat[a:b], g.right(), tag=t * _MAX_PIECES + k)
+
+    recvs = post_recvs(0)
+    sends = [post_send(0, k, a, b) for k, (a, b) in enumerate(pieces(send_chunk(0)))]
+    for t in range(n_steps):
         start = time.perf_counter() if rec is not None else 0.0
-        # Pipelining: the chunk travels as pieces and piece k is added while pieces k+1.. are
-        # still in flight, so the addition overlaps the transfer instead of following it.
-        tag0 = _tag(0, step)
-        recvs = [(a, b, g.irecv(buf[a - r_lo:b - r_lo], g.left(), tag=tag0 + k))
-                 for k, (a, b) in enumerate(_pieces(r_lo, r_hi, flat.element_size(), pipeline_bytes))]
-        sends = [g.isend(flat[c:d], g.right(), tag=tag0 + k)
-                 for k, (c, d) in enumerate(_pieces(s_lo, s_hi, flat.element_size(), pipeline_bytes))]
-        for a, b, w in recvs:
-            w.wait()
-            flat[a:b].add_(buf[a - r_lo:b - r_lo])
-        for w in sends:
-            w.wait()
+        next_recvs = post_recvs(t + 1) if t + 1 < n_steps else []
+        next_sends = []
+        for k, (a, b, buf, work) in enumerate(recvs):
+            work.wait()
+            if t < n_reduce:
+                flat[a:b].add_(buf)  # accumulate in the tensor's dtype, as gloo does
+                if t == n_reduce - 1 and finish is not None:
+                    finish(flat[a:b])
+            else:
+                flat[a:b].copy_(buf)
+            if t + 1 < n_steps:  # forward this piece at once: it is what step t+1 sends
+                next_sends.append(post_send(t + 1, k, a, b))
+        for work in sends:
+            work.wait()
+        phase, step = ("reduce-scatter", t) if t < n_reduce else ("all-gather", t - n_reduce)
         if rec is not None:
-            rec.comm(f"{name}/reduce-scatter step {step}", (s_hi - s_lo) * flat.element_size(),
-                     (r_hi - r_lo) * flat.element_size(), start, time.perf_counter(),
-                     peer=g.global_ranks[g.right()], step=step)
+            s_lo, s_hi = bounds[send_chunk(t)]
+            r_lo, r_hi = bounds[recv_chunk(t)]
+            rec.comm(f"{name}/{phase} step {step}", (s_hi - s_lo) * item, (r_hi - r_lo) * item,
+                     start, time.perf_counter(), peer=g.global_ranks[g.right()], step=t)
         if hook is not None:
-            hook("reduce-scatter", step, flat)
+            hook(phase, step, flat)
+        recvs, sends = next_recvs, next_sends
 
 
-def _ring_all_gather_flat(g: _Group, flat: torch.Tensor, bounds, name: str, rec,
-                          hook: StepHook | None, pipeline_bytes: int) -> None:
-    """Given chunk ``g.rank`` of ``flat`` on every rank, fill in all the other chunks.
-
-    Step s: send chunk (rank - s) mod N right, receive chunk (rank - s - 1) mod N from the left,
-    straight into its place in ``flat`` (no extra copy: a slice of a contiguous vector is contiguous).
-    """
-    N, r = g.size, g.rank
-    if N == 1:
-        return
-    for step in range(N - 1):
-        send_c = (r - step) % N
-        recv_c = (r - step - 1) % N
-        s_lo, s_hi = bounds[send_c]
-        r_lo, r_hi = bounds[recv_c]
-        start = time.perf_counter() if rec is not None else 0.0
-        tag0 = _tag(1, step)
-        works = [g.irecv(flat[a:b], g.left(), tag=tag0 + k)
-                 for k, (a, b) in enumerate(_pieces(r_lo, r_hi, flat.element_size(), pipeline_bytes))]
-        works += [g.isend(flat[c:d], g.right(), tag=tag0 + k)
-                  for k, (c, d) in enumerate(_pieces(s_lo, s_hi, flat.element_size(), pipeline_bytes))]
-        for w in works:
-            w.wait()
-        if rec is not None:
-            rec.comm(f"{name}/all-gather step {step}", (s_hi - s_lo) * flat.element_size(),
-                     (r_hi - r_lo) * flat.element_size(), start, time.perf_counter(),
-                     peer=g.global_ranks[g.right()], step=step)
-        if hook is not None:
-            hook("all-gather", step, flat)
-
-
-# Pieces of about this many bytes are pipelined inside one ring step (0 disables pipelining).
+# Pieces of about this many bytes are pipelined through the ring (0: one message per chunk).
 # 1 MiB is large enough that per-message overhead (tens of microseconds on gloo/TCP) is negligible
 # and small enough that the addition of one piece overlaps the arrival of the next.
 DEFAULT_PIPELINE_BYTES = 1 << 20
@@ -377,17 +415,17 @@ def ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *,
     """
     op = _parse_op(op)
     _check_tensor(tensor)
+    _check_avg(tensor, op)
     g = _Group(group)
     flat = tensor.view(-1)
     bounds = chunk_bounds(flat.numel(), g.size)
     rec = trace.current()
-    _ring_reduce_scatter_flat(g, flat, bounds, "ring_all_reduce", rec, step_hook, pipeline_bytes)
-    if op == "avg":
-        # Divide only the chunk this rank owns: the all-gather then spreads the averaged chunks,
-        # so every element is divided exactly once and N-1/N of the division work is saved.
-        lo, hi = bounds[g.rank]
-        _finish_avg(flat[lo:hi], g.size)
-    _ring_all_gather_flat(g, flat, bounds, "ring_all_reduce", rec, step_hook, pipeline_bytes)
+    # Averaging divides only the chunk this rank completes, before the all-gather spreads it:
+    # every element is divided exactly once, and each rank does 1/N of the divisions.
+    finish = (lambda piece: _finish_avg(piece, g.size)) if op == "avg" else None
+    _ring(g, flat, bounds, n_steps=2 * (g.size - 1), n_reduce=g.size - 1, offset=1,
+          name="ring_all_reduce", rec=rec, hook=step_hook, pipeline_bytes=pipeline_bytes,
+          finish=finish)
     return tensor
 
 
@@ -411,6 +449,7 @@ def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
     """
     op = _parse_op(op)
     _check_tensor(output, "output")
+    _check_avg(output, op)
     g = _Group(group)
     if isinstance(input, torch.Tensor):
         _check_tensor(input, "input")
@@ -431,8 +470,9 @@ def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
         raise ValueError(f"output has {output.numel()} elements but rank {g.rank}'s chunk of the "
                          f"input has {hi - lo} (chunk boundaries {bounds}); allocate output with "
                          f"{hi - lo} elements")
-    _ring_reduce_scatter_flat(g, flat, bounds, "ring_reduce_scatter", trace.current(), None,
-                              pipeline_bytes)
+    _ring(g, flat, bounds, n_steps=g.size - 1, n_reduce=g.size - 1, offset=1,
+          name="ring_reduce_scatter", rec=trace.current(), hook=None,
+          pipeline_bytes=pipeline_bytes)
     mine = flat[lo:hi]
     if op == "avg":
         _finish_avg(mine, g.size)
@@ -478,7 +518,8 @@ def ring_all_gather(output, input: torch.Tensor, group=None, *,
         raise ValueError(f"input has {input.numel()} elements but rank {g.rank}'s slot in the "
                          f"output has {hi - lo} (slot boundaries {bounds}); make them match")
     flat[lo:hi].copy_(input.reshape(-1))
-    _ring_all_gather_flat(g, flat, bounds, "ring_all_gather", trace.current(), None, pipeline_bytes)
+    _ring(g, flat, bounds, n_steps=g.size - 1, n_reduce=0, offset=0, name="ring_all_gather",
+          rec=trace.current(), hook=None, pipeline_bytes=pipeline_bytes)
     if tensors is not None:
         for t, (a, b) in zip(tensors, bounds):
             t.view(-1).copy_(flat[a:b])
