@@ -204,6 +204,16 @@ def test_deleted_check_cell_goes_back_after_its_code_cell_or_at_the_end(course):
     assert ids.index("add_neg") == 4           # right after the code cell it checks
     assert ids[-1] == "total"                  # anchor gone: at the end, after all learner code
     assert "square(-2)" in nb.cells[2].source  # hidden tests are back
+    # No cell ids at all (an old notebook format): before the next check cell, i.e. after this
+    # exercise's code and the next one's, never before the learner's code.
+    sub = copy.deepcopy(ex)
+    for cell in sub.cells:
+        cell.id = f"learner-{id(cell)}"
+    del sub.cells[2]
+    nb, restored = prepare_submission(sub, sol, "sub.ipynb")
+    assert restored == {"square": "deleted"}
+    assert [grade_id(c) for c in nb.cells if grade_id(c)] == ["square", "add_neg", "total"]
+    assert [grade_id(c) for c in nb.cells].index("square") == 3  # after add()/neg()'s cell
 
 
 def test_unchanged_check_cells_are_not_flagged(course):

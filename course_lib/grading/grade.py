@@ -146,6 +146,31 @@ def identify_notebook(sub: nbformat.NotebookNode, solutions: dict[str, nbformat.
     return best if best is not None and hits[best] > 0 else None
 
 
+def _restore_position(nb, solution, k: int, present: set[str], later: list[str]) -> int:
+    """Where to insert solution cell ``k`` (a deleted check cell) into ``nb``; see prepare_submission."""
+    def index_of(pred) -> int | None:
+        return next((j for j, c in enumerate(nb.cells) if pred(c)), None)
+
+    prev = next((c for c in reversed(solution.cells[:k]) if c.cell_type == "code"), None)
+    if prev is not None:
+        pid, pids = grade_id(prev), _cell_ids(prev)
+        j = index_of(lambda c: grade_id(c) == pid if pid else bool(pids & _cell_ids(c)))
+        if j is not None:
+            return j + 1
+    for gid in later:
+        if gid in present:
+            j = index_of(lambda c: grade_id(c) == gid)
+            if j is not None:
+                return j
+    nxt = next((c for c in solution.cells[k + 1:] if c.cell_type == "code"), None)
+    if nxt is not None:
+        ids, src = _cell_ids(nxt), _norm(source_of(nxt))
+        j = index_of(lambda c: c.cell_type == "code" and (bool(ids & _cell_ids(c)) or _norm(source_of(c)) == src))
+        if j is not None:
+            return j
+    return len(nb.cells)
+
+
 def prepare_submission(sub: nbformat.NotebookNode, solution: nbformat.NotebookNode,
                        where: str) -> tuple[nbformat.NotebookNode, dict[str, str]]:
     """The notebook to run and ``{grade_id: "edited"|"deleted"|"duplicated"}`` for restored check cells.
@@ -189,8 +214,10 @@ def prepare_submission(sub: nbformat.NotebookNode, solution: nbformat.NotebookNo
         cell.source = source_of(canon)
         cell.metadata = copy.deepcopy(canon.metadata)
 
-    # Deleted check cells go back after the code cell that precedes them in the solution, when that
-    # cell is still there (same cell id); otherwise at the end, after all of the learner's code.
+    # Deleted check cells go back where they run after the learner's code for them: after the code cell
+    # that precedes them in the solution (found by cell id); else before the next check cell; else
+    # before the code cell that follows them in the solution (by id or unchanged source, e.g. a
+    # teardown cell); else at the end.
     present = {grade_id(c) for c in nb.cells if grade_id(c)}
     for gid in order:
         if gid in present:
@@ -198,14 +225,7 @@ def prepare_submission(sub: nbformat.NotebookNode, solution: nbformat.NotebookNo
         restored[gid] = "deleted"
         canon = canonical[gid]
         k = solution.cells.index(canon)
-        prev = next((c for c in reversed(solution.cells[:k]) if c.cell_type == "code"), None)
-        pos = len(nb.cells)
-        if prev is not None:
-            pid, pids = grade_id(prev), _cell_ids(prev)
-            for j, c in enumerate(nb.cells):
-                if (pid and grade_id(c) == pid) or (not pid and pids & _cell_ids(c)):
-                    pos = j + 1
-                    break
+        pos = _restore_position(nb, solution, k, present, order[order.index(gid) + 1:])
         new = copy.deepcopy(canon)
         new.id = f"restored-{gid}"[:64]
         nb.cells.insert(pos, new)
