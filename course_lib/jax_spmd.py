@@ -1,0 +1,123 @@
+"""JAX SPMD counterparts of the course's techniques (``shard_map`` on simulated devices).
+
+Call :func:`course_lib.launch.jax_cpu_devices` before the first JAX operation of the process to get
+several CPU devices. Sections:
+
+* Collectives (notebook 03): a ring all-reduce written with ``jax.lax.ppermute`` (one neighbour
+  exchange per step) inside ``shard_map``, equal to ``jax.lax.psum``.
+
+Other notebooks add their sections below, each with its own header.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+try:  # jax >= 0.6 exports shard_map at the top level
+    from jax import shard_map as _shard_map
+except ImportError:  # pragma: no cover - older JAX
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+__all__ = ["shard_map", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
+           "ring_all_reduce_sharded", "count_hlo_ops"]
+
+
+def shard_map(f, mesh, in_specs, out_specs):
+    """``jax.shard_map`` across JAX versions (``check_vma``/``check_rep`` is left at its default)."""
+    return _shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+# ------------------------------------------------------------------------------------------
+# Collectives (notebook 03)
+# ------------------------------------------------------------------------------------------
+def _shift_right(x, axis_name: str, n: int):
+    """Every device sends ``x`` to its right neighbour (i -> i+1 mod n) and gets its left one's."""
+    return jax.lax.ppermute(x, axis_name, perm=[(i, (i + 1) % n) for i in range(n)])
+
+
+def ring_reduce_scatter(chunks, axis_name: str):
+    """Ring reduce-scatter inside ``shard_map``; ``chunks`` has shape ``(N, m)`` on every device.
+
+    Step s (0 <= s < N-1): device i sends chunk (i - s - 1) mod N to device i+1 and adds the chunk
+    it receives into chunk (i - s - 2) mod N, so after N-1 steps device i holds the sum over devices
+    of chunk i (Patarasuk & Yuan 2009, Sec. 3; same indexing as ``course_lib.collectives``).
+
+    Returns:
+        ``(N, m)`` array whose row i is complete on device i (other rows hold partial sums).
+    """
+    n = jax.lax.axis_size(axis_name)
+    i = jax.lax.axis_index(axis_name)
+    for s in range(n - 1):  # unrolled at trace time: N-1 collective-permutes
+        send = jax.lax.dynamic_index_in_dim(chunks, (i - s - 1) % n, keepdims=False)
+        recv = _shift_right(send, axis_name, n)
+        dst = (i - s - 2) % n
+        mine = jax.lax.dynamic_index_in_dim(chunks, dst, keepdims=False)
+        chunks = jax.lax.dynamic_update_index_in_dim(chunks, mine + recv, dst, axis=0)
+    return chunks
+
+
+def ring_all_gather(chunks, axis_name: str):
+    """Ring all-gather inside ``shard_map``: row i of ``chunks`` (shape ``(N, m)``) is valid on
+    device i; after N-1 steps (send row (i - s) mod N, receive row (i - s - 1) mod N) every row is
+    valid everywhere."""
+    n = jax.lax.axis_size(axis_name)
+    i = jax.lax.axis_index(axis_name)
+    for s in range(n - 1):
+        send = jax.lax.dynamic_index_in_dim(chunks, (i - s) % n, keepdims=False)
+        recv = _shift_right(send, axis_name, n)
+        chunks = jax.lax.dynamic_update_index_in_dim(chunks, recv, (i - s - 1) % n, axis=0)
+    return chunks
+
+
+def ring_all_reduce(x, axis_name: str):
+    """Sum of ``x`` over the devices of ``axis_name`` with 2(N-1) ``ppermute`` steps (== ``psum``).
+
+    ``x`` is this device's 1-D block of any length: it is zero-padded to a multiple of N, cut into
+    N chunks, reduce-scattered and all-gathered around the ring, then un-padded.
+    """
+    n = jax.lax.axis_size(axis_name)
+    length = x.shape[0]
+    m = -(-length // n)  # ceil: chunk length after padding
+    chunks = jnp.pad(x, (0, m * n - length)).reshape(n, m)
+    chunks = ring_all_gather(ring_reduce_scatter(chunks, axis_name), axis_name)
+    return chunks.reshape(-1)[:length]
+
+
+def ring_all_reduce_sharded(x, mesh: Mesh, axis_name: str = "i", use_psum: bool = False):
+    """Apply :func:`ring_all_reduce` (or ``psum``) to the rows of ``x``.
+
+    Args:
+        x: shape ``(N, n)``: row d is device d's vector (N = the mesh axis size).
+        mesh: a 1-D mesh whose axis is ``axis_name``.
+        use_psum: use ``jax.lax.psum`` instead of the ring (the production collective).
+
+    Returns:
+        shape ``(N, n)``: every row is the sum of the rows of ``x``.
+    """
+    def body(block):  # block: (1, n), this device's row
+        v = block[0]
+        out = jax.lax.psum(v, axis_name) if use_psum else ring_all_reduce(v, axis_name)
+        return out[None]
+
+    f = shard_map(body, mesh, in_specs=P(axis_name, None), out_specs=P(axis_name, None))
+    return jax.jit(f)(x)
+
+
+def count_hlo_ops(fn, *args, ops=("collective-permute", "all-reduce")) -> dict:
+    """Count collective instructions in the compiled (optimised) HLO of ``jax.jit(fn)(*args)``.
+
+    Counts instruction definitions such as ``collective-permute(`` or ``collective-permute-start(``
+    (async pairs are counted once).
+    """
+    import re
+
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    out = {}
+    for op in ops:
+        # "= f32[..] collective-permute(" or "collective-permute-start(" (async form)
+        out[op] = len(re.findall(rf"\s{re.escape(op)}(?:-start)?\(", text))
+    return out
