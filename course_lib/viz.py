@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["plot_timeline", "KIND_COLORS"]
+__all__ = ["plot_timeline", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
 
 # Fixed colours for the two conventional kinds, so compute/comm look the same in every notebook.
 KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange"}
@@ -85,3 +85,94 @@ def plot_timeline(events_per_rank: Sequence[Sequence[dict]], ax=None,
     ax.legend(handles=[Patch(facecolor=colors[k], edgecolor="black", label=k) for k in kinds_seen],
               loc="upper right", fontsize=8)
     return ax
+
+
+def plot_rank_tensors(tensors, ax=None, title: str = "", highlight=None, fmt: str = "{:g}",
+                      cmap: str = "Blues", vmin=None, vmax=None, chunk_bounds=None,
+                      log: bool = False):
+    """Draw every rank's 1-D tensor as one row of annotated cells (rank 0 on top).
+
+    Args:
+        tensors: ``tensors[r]`` is rank r's 1-D tensor/array/list (rows may differ in length).
+        highlight: optional set of ``(rank, index)`` cells to outline in red (e.g. just received).
+        fmt: how each value is written in its cell.
+        chunk_bounds: optional ``[(start, end), ...]``: vertical lines between chunks.
+        log: logarithmic colour scale (positive values spanning decades, e.g. sums of 10**rank).
+
+    Returns:
+        The Axes (x: element index, y: rank).
+    """
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    rows = [np.asarray(t, dtype=float).reshape(-1) for t in tensors]
+    width = max((len(r) for r in rows), default=0)
+    ax = _new_ax(ax, (0.6 * max(width, 1) + 1.5, 0.45 * len(rows) + 1))
+    grid = np.full((len(rows), max(width, 1)), np.nan)
+    for i, r in enumerate(rows):
+        grid[i, :len(r)] = r
+    finite = grid[np.isfinite(grid)]
+    lo = vmin if vmin is not None else (finite.min() if finite.size else 0.0)
+    hi = vmax if vmax is not None else (finite.max() if finite.size else 1.0)
+    if log:
+        from matplotlib.colors import LogNorm
+        norm = LogNorm(vmin=max(lo, 1e-12), vmax=max(hi, lo * 10, 1e-11))
+        ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+        mid = float(np.sqrt(norm.vmin * norm.vmax))
+    else:
+        ax.imshow(grid, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1, aspect="auto")
+        mid = (lo + hi) / 2
+    for i, r in enumerate(rows):
+        for j, v in enumerate(r):
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                    color="white" if v > mid and hi > lo else "black")
+    for (i, j) in (highlight or ()):
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+    for a, _ in (chunk_bounds or [])[1:]:
+        ax.axvline(a - 0.5, color="black", linewidth=1.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {i}" for i in range(len(rows))])
+    ax.set_xticks(range(width))
+    ax.set_xlabel("element index")
+    ax.set_title(title)
+    return ax
+
+
+def plot_ring_steps(snapshots, chunk_bounds, fig=None, ncols: int = 4, fmt: str = "{:g}", log: bool = False,
+                    suptitle: str = "Ring all-reduce, step by step (recorded in a real run)"):
+    """One panel per ring step from recorded snapshots: rows = ranks, columns = elements.
+
+    Args:
+        snapshots: list of ``(label, per_rank, received)``: ``per_rank[r]`` is rank r's flat buffer
+            after the step; ``received`` the set of ``(rank, element)`` cells written in that step
+            (outlined in red). The first entry is usually the input (``received`` empty).
+        chunk_bounds: the chunk boundaries, drawn as vertical lines.
+
+    Returns:
+        The Figure.
+    """
+    import math
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = len(snapshots)
+    nrows = math.ceil(n / ncols)
+    n_ranks = len(snapshots[0][1])
+    width = len(np.asarray(snapshots[0][1][0]).reshape(-1))
+    if fig is None:
+        fig = plt.figure(figsize=(ncols * (0.55 * width + 1.2), nrows * (0.42 * n_ranks + 1.1)),
+                         layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    all_vals = np.concatenate([np.asarray(t, dtype=float).reshape(-1) for _, pr, _ in snapshots for t in pr])
+    for k, ax in enumerate(axes.flat):
+        if k >= n:
+            ax.axis("off")
+            continue
+        label, per_rank, received = snapshots[k]
+        plot_rank_tensors(per_rank, ax=ax, title=label, highlight=received, fmt=fmt,
+                          vmin=all_vals.min(), vmax=all_vals.max(), chunk_bounds=chunk_bounds, log=log)
+        if k % ncols:
+            ax.set_yticklabels([])
+    fig.suptitle(suptitle)
+    return fig
