@@ -41,6 +41,7 @@ __all__ = [
     "ring_allreduce_bytes",
     "shard_range",
     "shard_loss_weight",
+    "accumulate_gradients",
 ]
 
 
@@ -413,3 +414,36 @@ class BucketedDDP(nn.Module):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def accumulate_gradients(model: nn.Module, loss_fn, micro_batches) -> float:
+    """Run forward/backward on each ``(x, y)`` micro-batch, accumulating into ``.grad``; return the loss.
+
+    Gradient accumulation: ``.grad`` *adds up* over backward calls, so k micro-batches give the
+    gradient of one batch of all their samples -- provided each micro-batch's *mean* loss is scaled by
+    its share of the samples, ``n_j / n`` (``1/k`` for equal sizes). Without the scaling the gradient
+    is k times too large. Only one micro-batch's activations are alive at a time.
+
+    If ``model`` has ``no_sync()`` (a DDP wrapper), every micro-batch but the last runs inside it, so
+    gradients are all-reduced once per accumulation window instead of k times.
+
+    Shapes: each ``x`` is ``(n_j, ...)`` with ``n_j >= 1``. Returns the mean loss over all samples
+    (a float). The caller zeroes the gradients before and steps the optimizer after.
+    """
+    micro_batches = list(micro_batches)
+    if not micro_batches:
+        raise ValueError("micro_batches is empty; pass a list of (x, y) pairs, e.g. "
+                         "list(zip(x.chunk(k), y.chunk(k)))")
+    sizes = [len(x) for x, _ in micro_batches]
+    if min(sizes) < 1:
+        raise ValueError(f"every micro-batch needs at least one sample, got sizes {sizes}")
+    n = sum(sizes)
+    total = 0.0
+    for j, ((x, y), n_j) in enumerate(zip(micro_batches, sizes)):
+        last = j == len(micro_batches) - 1
+        ctx = model.no_sync() if (hasattr(model, "no_sync") and not last) else contextlib.nullcontext()
+        with ctx:
+            loss = loss_fn(model(x), y) * (n_j / n)  # mean over n_j samples -> share of the mean over n
+            loss.backward()
+        total += loss.item()
+    return total

@@ -503,3 +503,25 @@ def test_parameter_server_bad_inputs():
     fn, *_ = _ps_args("sync", 3, delays={2: -1.0})
     with pytest.raises(ValueError, match="negative"):
         fn(1, WORLD)
+
+
+# ------------------------------------------------------------------------- accumulate_gradients
+def test_accumulate_gradients_equals_large_batch_single_process():
+    import torch.nn.functional as F
+
+    from course_lib.data_parallel import accumulate_gradients
+    from course_lib.models import TinyMLP, make_regression
+
+    X, y = make_regression(13, 16, 1, seed=5)
+    torch.manual_seed(0)
+    model = TinyMLP(16, 32, 1, 3)
+    F.mse_loss(model(X), y).backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    for sizes in ([13], [5, 5, 3], [1] * 13):
+        model.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(model, F.mse_loss, zip(X.split(sizes), y.split(sizes)))
+        assert loss == pytest.approx(F.mse_loss(model(X), y).item(), rel=1e-5)
+        for p, g in zip(model.parameters(), ref):
+            assert torch.allclose(p.grad, g, **TOL), f"micro-batch sizes {sizes}: gradient differs"
+    with pytest.raises(ValueError, match="micro_batches is empty"):
+        accumulate_gradients(model, F.mse_loss, [])
