@@ -427,6 +427,8 @@ def test_course_solution_scores_full_marks(course_grades, name):
 @pytest.mark.parametrize("name", [p.stem for p in SOLUTIONS])
 def test_course_exercise_scores_zero_on_every_graded_cell(course_grades, name):
     """Strict: every check cell ran and failed (not timed out, not skipped by a dead kernel)."""
+    assert (REPO / "exercises" / f"{name}.ipynb").is_file(), \
+        f"exercises/{name}.ipynb is missing: run `python -m course_lib.grading build`"
     r = course_grades[("exercises", name)]
     assert r.error is None, r.error
     assert r.exercises and r.max_total > 0

@@ -259,7 +259,7 @@ def run_nbval(nb: nbformat.NotebookNode, timeout: float, workdir: Path) -> tuple
     nb_path, results, ini = workdir / name, workdir / "results.json", workdir / "pytest.ini"
     nb_path.write_text(nbformat.writes(nb), encoding="utf-8")
     ini.write_text("[pytest]\naddopts =\n", encoding="utf-8")
-    cmd = [sys.executable, "-m", "pytest", "-p", "nbval", "-p", "course_lib.grading.nbval_plugin",
+    cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.nbval_plugin",
            "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={timeout:g}",
            "--grading-results", str(results), "-c", str(ini), "--rootdir", str(workdir),
            "-p", "no:cacheprovider", "-q", "--color=no", "-o", "console_output_style=classic", name]
@@ -318,7 +318,12 @@ def score(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, restored: 
             notes.append(f"code cell {n}{before}: the kernel died (the code exited or was killed)")
         else:
             notes.append(f"code cell {n}{before} raised {_message(rec)}")
-    if died_in is not None and not any("kernel died" in n for n in notes):
+    dead_before = next((n for n in range(len(code_cells))
+                        if by_cell.get(n, {}).get("ename") == "KernelDead"), None)
+    if died_in is None and dead_before is not None:  # e.g. exit() in a cell: it ends, the kernel is gone
+        died_in = dead_before - 1
+        notes.append(f"the kernel was gone after code cell {died_in} (the code exited it); later cells did not run")
+    if died_in is not None and not any("kernel died" in n or "kernel was gone" in n for n in notes):
         notes.append(f"the kernel died in code cell {died_in}; later cells did not run")
     if returncode is None:
         notes.append("grading was stopped: the notebook overran its overall time budget")
