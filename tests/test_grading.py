@@ -280,7 +280,7 @@ def test_bad_input_gives_one_line_error(course, kind, words):
 
 # ----------------------------------------------------------------------------- grading runs
 
-TIMEOUT = 8  # seconds per cell in the synthetic runs: far above what their cells need
+TIMEOUT = 15  # seconds per cell in the synthetic runs: far above what their cells need, even on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +362,7 @@ def test_uninterruptible_loop_still_gives_a_report(graded):
     f = graded["reports"]["f_stubborn"]
     assert ex_of(f, "square")["status"] == "timeout"
     assert {ex_of(f, g)["status"] for g in ("add_neg", "total")} == {"not run"}
+    assert "could not be interrupted" in ex_of(f, "add_neg")["message"]
     assert f["total"] == 0 and f["error"] is None
 
 

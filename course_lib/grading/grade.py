@@ -315,16 +315,21 @@ def score(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, restored: 
         if rec["outcome"] == "timeout":
             notes.append(f"code cell {n}{before} ran longer than {timeout:g} s and was interrupted")
         elif rec["outcome"] == "kernel_died":
-            notes.append(f"code cell {n}{before}: the kernel died (the code exited or was killed)")
+            continue  # reported once below, with its consequence
         else:
             notes.append(f"code cell {n}{before} raised {_message(rec)}")
+    # Why later cells did not run: the kernel died in a cell, or was gone before one.
+    stop_reason = (f"the kernel died in code cell {died_in} (the code exited or was killed)"
+                   if died_in is not None else None)
     dead_before = next((n for n in range(len(code_cells))
                         if by_cell.get(n, {}).get("ename") == "KernelDead"), None)
-    if died_in is None and dead_before is not None:  # e.g. exit() in a cell: it ends, the kernel is gone
-        died_in = dead_before - 1
-        notes.append(f"the kernel was gone after code cell {died_in} (the code exited it); later cells did not run")
-    if died_in is not None and not any("kernel died" in n or "kernel was gone" in n for n in notes):
-        notes.append(f"the kernel died in code cell {died_in}; later cells did not run")
+    if stop_reason is None and dead_before is not None:
+        prev = by_cell.get(dead_before - 1, {})
+        stop_reason = (f"the kernel was stopped after code cell {dead_before - 1} ran past the timeout and "
+                       "could not be interrupted" if prev.get("outcome") == "timeout"
+                       else f"the kernel was gone after code cell {dead_before - 1}")
+    if stop_reason:
+        notes.append(f"{stop_reason}; later cells did not run")
     if returncode is None:
         notes.append("grading was stopped: the notebook overran its overall time budget")
     elif not records:
@@ -341,8 +346,8 @@ def score(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, restored: 
         rec = by_cell.get(cell_of.get(gid))
         if rec is None or rec["outcome"] in ("not_run", "skipped"):
             why = "did not run"
-            if died_in is not None:
-                why = f"did not run: the kernel died in code cell {died_in}"
+            if stop_reason:
+                why = f"did not run: {stop_reason}"
             elif returncode is None:
                 why = "did not run: grading was stopped"
             status, msg = NOT_RUN, why
