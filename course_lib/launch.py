@@ -127,10 +127,11 @@ class _Rank:
 
     def stop(self, kill: bool) -> None:
         if kill:
-            try:
-                self.proc.kill()
-            except ProcessLookupError:
-                pass
+            if self.proc.poll() is None:
+                try:
+                    self.proc.kill()
+                except ProcessLookupError:
+                    pass
         else:
             try:
                 self.tasks.send(("exit",))
@@ -255,9 +256,19 @@ class Cluster:
                                                      for r, t in failures.items()})
 
     def close(self) -> None:
-        """Stop the workers (politely, then by force). Safe to call twice."""
+        """Stop the workers (politely, then by force after 5 s). Safe to call twice."""
+        for rank in self._ranks:  # ask all ranks first, so they shut down in parallel
+            try:
+                rank.tasks.send(("exit",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5.0
         for rank in self._ranks:
-            rank.stop(kill=False)
+            try:
+                rank.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            rank.stop(kill=True)  # no-op for a process that has exited; closes the pipes
         self._ranks = []
         self._store = None
 
