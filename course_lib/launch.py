@@ -295,6 +295,11 @@ class Cluster:
         """Process ids of the current workers (empty when stopped)."""
         return [rk.proc.pid for rk in self._ranks]
 
+    @property
+    def exit_codes(self) -> list[int | None]:
+        """Per-rank exit code of the current workers: ``None`` while a rank runs (empty when stopped)."""
+        return [rk.proc.poll() for rk in self._ranks]
+
     def __repr__(self) -> str:
         state = "running" if self._ranks else "stopped"
         return f"Cluster(world_size={self.world_size}, backend={self.backend!r}, {state})"

@@ -479,11 +479,13 @@ def test_sync_parameter_server_equals_single_process_sgd(cluster):
 
 
 def test_async_parameter_server_staleness_and_traffic(cluster):
-    fn, model, X, y = _ps_args("async", 3, delays={3: 0.05}, n_updates=30)
+    # The fast workers are throttled too (5 ms per gradient), so that the run lasts several of the
+    # slow worker's 20 ms gradients however fast the machine is: 60 updates / 2 fast workers x 5 ms.
+    fn, model, X, y = _ps_args("async", 3, delays={1: 0.005, 2: 0.005, 3: 0.02}, n_updates=60)
     res = cluster.run(fn)
     server = res[0]
-    assert len(server["staleness"]) == 30 and len(server["loss"]) == 31
-    assert sum(r["n_grads"] for r in res[1:]) == 30 + 3, "each worker's last gradient is answered with stop"
+    assert len(server["staleness"]) == 60 and len(server["loss"]) == 61
+    assert sum(r["n_grads"] for r in res[1:]) == 60 + 3, "each worker's last gradient is answered with stop"
     slow = [s for s, w in zip(server["staleness"], server["worker"]) if w == 3]
     fast = [s for s, w in zip(server["staleness"], server["worker"]) if w != 3]
     assert slow and sum(slow) / len(slow) > sum(fast) / len(fast), (
