@@ -3,7 +3,7 @@
 Started by :class:`course_lib.launch.Cluster`. It talks to the caller over two inherited pipes:
 
 * the *task* pipe (caller -> rank): ``("init", sys_path)`` once, then ``("task", id, payload)``
-  where ``payload = cloudpickle.dumps((fn, args))``, or ``("exit",)``;
+  where ``payload = cloudpickle.dumps((fn, args, kwargs))``, or ``("exit",)``;
 * the *result* pipe (rank -> caller): ``("ready",)`` / ``("init_error", traceback)`` once, then
   ``("result", id, ok, data)`` per task, ``data`` being the pickled return value or a traceback.
 
@@ -74,8 +74,8 @@ def main() -> None:
             break
         _, task_id, payload = msg
         try:
-            fn, args = cloudpickle.loads(payload)
-            value = fn(rank, world_size, *args)
+            fn, args, kwargs = cloudpickle.loads(payload)
+            value = fn(rank, world_size, *args, **kwargs)
             try:
                 data = cloudpickle.dumps(value)
                 ok = True

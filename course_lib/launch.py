@@ -333,8 +333,11 @@ class Cluster:
         sys.stdout.flush()
 
     # ----------------------------------------------------------------------------- running
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
-        """Run ``fn(rank, world_size, *args)`` on every rank; return the values in rank order.
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
+            **kwargs: Any) -> list[Any]:
+        """Run ``fn(rank, world_size, *args, **kwargs)`` on every rank; return the values in rank order.
+
+        ``timeout`` is this call's limit in seconds; every other keyword goes to ``fn``.
 
         Raises:
             TypeError: ``fn`` is not callable, or ``fn``/``args`` cannot be pickled.
@@ -346,7 +349,7 @@ class Cluster:
                             f"{type(fn).__name__} ({fn!r})")
         name = getattr(fn, "__name__", repr(fn))
         try:
-            payload = cloudpickle.dumps((fn, args))
+            payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:  # noqa: BLE001
             raise TypeError(f"{name} or its arguments could not be pickled to send them to the ranks "
                             f"({type(exc).__name__}: {exc}); pass plain data and tensors") from exc
@@ -421,8 +424,8 @@ class Cluster:
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None,
-        timeout: float = 120.0) -> list[Any]:
-    """Start ``world_size`` ranks, run ``fn(rank, world_size, *args)`` on each, stop them.
+        timeout: float = 120.0, **kwargs: Any) -> list[Any]:
+    """Start ``world_size`` ranks, run ``fn(rank, world_size, *args, **kwargs)`` on each, stop them.
 
     Returns the per-rank return values as a list in rank order. For several calls, keep a
     :class:`Cluster` open instead: starting the processes costs seconds, a warm call milliseconds.
@@ -431,7 +434,7 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None
         raise TypeError(f"fn must be a callable taking (rank, world_size, *args), got "
                         f"{type(fn).__name__} ({fn!r})")
     with Cluster(world_size, backend=backend, timeout=timeout) as cluster:
-        return cluster.run(fn, *args)
+        return cluster.run(fn, *args, **kwargs)
 
 
 @atexit.register

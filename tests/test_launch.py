@@ -117,6 +117,14 @@ def test_cluster_reuses_warm_workers(cluster):
     assert cluster.run(all_reduce_rank, 2) == [[3.0, 3.0]] * 3
 
 
+def test_keyword_arguments_reach_fn(cluster):
+    def scaled(rank, world_size, base, scale=1, timeout_like=None):
+        return (base + rank) * scale, timeout_like
+
+    assert cluster.run(scaled, 10, scale=2, timeout_like="kw", timeout=30) == [(20, "kw"), (22, "kw"), (24, "kw")]
+    assert run(scaled, 1, 5, scale=3) == [(15, None)]
+
+
 def test_lambda_and_closure_are_shipped_by_value(cluster):
     offset = 100
     assert cluster.run(lambda rank, ws: rank + offset) == [100, 101, 102]
