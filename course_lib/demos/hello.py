@@ -16,6 +16,8 @@ The worker function is the same; only the start-up differs (:func:`course_lib.la
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -44,9 +46,13 @@ def main() -> None:
     expected = world_size * (world_size + 1) / 2
     ok = all(v == expected for v in out["after_all_reduce"]) and out["after_broadcast"] == list(
         map(float, range(len(out["before"]))))
-    print(f"[rank {rank}/{world_size} on {out['device']} via {out['backend']}] before={out['before']} "
-          f"after_broadcast={out['after_broadcast']} after_all_reduce={out['after_all_reduce']} "
-          f"{'OK' if ok else 'WRONG'}", flush=True)
+    line = (f"[rank {rank}/{world_size} on {out['device']} via {out['backend']}] before={out['before']} "
+            f"after_broadcast={out['after_broadcast']} after_all_reduce={out['after_all_reduce']} "
+            f"{'OK' if ok else 'WRONG'}\n")
+    # One write of the whole line: the ranks share torchrun's stdout, and print() may write the
+    # text and the newline separately (unbuffered output), letting another rank's line slip between.
+    sys.stdout.write(line)
+    sys.stdout.flush()
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(1)
