@@ -401,30 +401,44 @@ def count_flops(fn, *args, **kwargs) -> tuple:
     return result, counter.get_total_flops(), per_op
 
 
-def saved_activation_bytes(fn, *args, exclude=(), **kwargs) -> tuple:
-    """Bytes autograd saves for the backward while running ``fn(*args, **kwargs)``.
+def saved_tensors(fn, *args, **kwargs) -> tuple:
+    """Run ``fn(*args, **kwargs)`` and return ``(result, saved)``: ``saved`` holds one tensor per
+    distinct storage that autograd saved for the backward, in saving order.
 
     Uses ``torch.autograd.graph.saved_tensors_hooks``: every tensor an op saves for its backward
-    passes through the pack hook. Tensors are counted once per underlying storage (a view and its
-    base share memory), and storages of the tensors in ``exclude`` (pass the model's parameters:
-    they are model state, not activations) are skipped. Returns ``(result, total_bytes, saved)``
-    with ``saved`` a list of ``(shape, dtype, nbytes)``, one per counted storage, in saving order.
+    passes through the pack hook. A view and its base share a storage, and several ops may save the
+    same tensor, so storages are counted once (``t.untyped_storage().nbytes()`` is the memory).
+    The one place the course measures saved activations; :func:`saved_activation_bytes` and
+    ``course_lib.precision.saved_tensors_report`` build on it.
     """
     import torch
 
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
     seen, saved = set(), []
 
     def pack(t):
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key not in skip and key not in seen:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
             seen.add(key)
-            saved.append((tuple(t.shape), t.dtype, storage.nbytes()))
+            saved.append(t)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = fn(*args, **kwargs)
+    return result, saved
+
+
+def saved_activation_bytes(fn, *args, exclude=(), **kwargs) -> tuple:
+    """Bytes autograd saves for the backward while running ``fn(*args, **kwargs)``.
+
+    Counts each saved storage once (see :func:`saved_tensors`), skipping the storages of the
+    tensors in ``exclude`` (pass the model's parameters: they are model state, not activations).
+    Returns ``(result, total_bytes, saved)`` with ``saved`` a list of ``(shape, dtype, nbytes)``,
+    one per counted storage, in saving order.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    result, tensors = saved_tensors(fn, *args, **kwargs)
+    saved = [(tuple(t.shape), t.dtype, t.untyped_storage().nbytes()) for t in tensors
+             if t.untyped_storage().data_ptr() not in skip]
     return result, sum(n for _, _, n in saved), saved
 
 

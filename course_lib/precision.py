@@ -435,21 +435,14 @@ def saved_tensors_report(fn: Callable[[], torch.Tensor]) -> dict:
     saved). "parameters" are the weights themselves or copies made of them (e.g. autocast's
     16-bit weight casts); everything else is activations (including the input batch).
     """
-    seen: set[int] = set()
+    from course_lib.estimate import saved_tensors
+
+    loss, tensors = saved_tensors(fn)
     out = {"activations": {}, "parameters": {}}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key not in seen:
-            seen.add(key)
-            kind = "parameters" if _is_parameter_copy(t) else "activations"
-            d = str(t.dtype).replace("torch.", "")
-            out[kind][d] = out[kind].get(d, 0) + storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = fn()
+    for t in tensors:
+        kind = "parameters" if _is_parameter_copy(t) else "activations"
+        d = str(t.dtype).replace("torch.", "")
+        out[kind][d] = out[kind].get(d, 0) + t.untyped_storage().nbytes()
     out["loss"] = loss
     return out
 
