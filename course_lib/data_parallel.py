@@ -78,9 +78,10 @@ def shard_range(n: int, rank: int, world_size: int) -> slice:
     if n < world_size:
         raise ValueError(f"cannot split n={n} samples over world_size={world_size} ranks: some rank "
                          f"would get none; use a global batch of at least {world_size} samples")
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
+    from course_lib.collectives import chunk_bounds  # the same split the ring uses for its chunks
+
+    start, end = chunk_bounds(n, world_size)[rank]
+    return slice(start, end)
 
 
 def shard_loss_weight(n: int, rank: int, world_size: int) -> float:
