@@ -11,8 +11,6 @@ Other notebooks add their sections below, each with its own header.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P

@@ -44,26 +44,30 @@ def _flat_params(module):
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
+def _model_and_data(model_name, n):
+    """The test model (seeded by the caller), its seeded data of ``n`` samples, and its loss."""
+    import torch.nn.functional as F
+
+    from course_lib.models import TinyGPT, TinyMLP, make_regression, make_tokens
+
+    if model_name == "mlp":
+        return TinyMLP(16, 32, 1, 3), *make_regression(n, 16, 1, seed=1), F.mse_loss
+    model = TinyGPT(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    X, y = make_tokens(n, 8, 32, seed=1)
+    return model, X, y, lambda out, tgt: F.cross_entropy(out.reshape(-1, out.size(-1)), tgt.reshape(-1))
+
+
 def train_ddp(rank, world_size, model_name, kind, n, steps, weighted, bucket_cap_bytes=2048):
     """Train with DDP ``kind`` on this rank's shard of n samples; return the final flat parameters.
 
     The replicas start from *different* seeds: only the initial broadcast makes them agree (torch DDP
     broadcasts too). The loss is the mean over the shard, optionally scaled by shard_loss_weight.
     """
-    import torch.nn.functional as F
-
     from course_lib.data_parallel import NaiveDDP
-    from course_lib.models import TinyGPT, TinyMLP, make_regression, make_tokens
+    from course_lib.models import TinyGPT, TinyMLP
 
     torch.manual_seed(100 + rank)
-    if model_name == "mlp":
-        model = TinyMLP(16, 32, 1, 3)
-        X, y = make_regression(n, 16, 1, seed=1)
-        loss_fn = F.mse_loss
-    else:
-        model = TinyGPT(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
-        X, y = make_tokens(n, 8, 32, seed=1)
-        loss_fn = lambda out, tgt: F.cross_entropy(out.reshape(-1, out.size(-1)), tgt.reshape(-1))  # noqa: E731
+    model, X, y, loss_fn = _model_and_data(model_name, n)
     if kind == "torch":
         # torch DDP also broadcasts from rank 0; start from rank 0's seed explicitly anyway
         torch.manual_seed(100)
@@ -82,19 +86,8 @@ def train_ddp(rank, world_size, model_name, kind, n, steps, weighted, bucket_cap
 
 
 def train_single(model_name, n, steps):
-    import torch.nn.functional as F
-
-    from course_lib.models import TinyGPT, TinyMLP, make_regression, make_tokens
-
     torch.manual_seed(100)  # rank 0's seed: the broadcast makes every replica equal to it
-    if model_name == "mlp":
-        model = TinyMLP(16, 32, 1, 3)
-        X, y = make_regression(n, 16, 1, seed=1)
-        loss_fn = F.mse_loss
-    else:
-        model = TinyGPT(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
-        X, y = make_tokens(n, 8, 32, seed=1)
-        loss_fn = lambda out, tgt: F.cross_entropy(out.reshape(-1, out.size(-1)), tgt.reshape(-1))  # noqa: E731
+    model, X, y, loss_fn = _model_and_data(model_name, n)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)

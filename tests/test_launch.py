@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from course_lib.launch import Cluster, RankError, init_from_env, jax_cpu_devices, run
+from course_lib.launch import Cluster, RankError, init_from_env, run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
