@@ -1,5 +1,9 @@
 """Interactive (ipywidgets) tools for the notebooks.
 
+:func:`progress` -- a progress bar for notebook loops: a live bar in Jupyter, plain text elsewhere,
+and one readable line of static text in the saved output once the loop ends (so a committed
+notebook shows ``training: 200/200 steps in 3.1 s`` on GitHub, not ``HBox(children=...)``).
+
 :class:`MemoryCalculator` -- training memory per device (parameters, gradients, optimizer states,
 activations) for a choice of model size, batch, precision, optimizer, ZeRO stage and parallel
 degrees, drawn as stacked bars for ZeRO stages 0-3 side by side. The numbers come from
@@ -9,12 +13,130 @@ degrees, drawn as stacked bars for ZeRO stages 0-3 side by side. The numbers com
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
 import matplotlib.pyplot as plt
 
 from course_lib import estimate
 from course_lib.viz_memory import plot_memory_breakdown
 
 _POW2 = [2 ** i for i in range(0, 15)]
+
+
+def _in_jupyter_kernel() -> bool:
+    """True when running inside an IPython kernel (Jupyter, Colab, nbclient), not a terminal."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def _progress_text(desc: str, n: int, total: int | None, unit: str, elapsed: float,
+                   done: bool) -> str:
+    count = f"{n}/{total}" if total is not None else f"{n}"
+    if done:
+        return f"{desc}: {count} {unit} in {elapsed:.1f} s"
+    return f"{desc}: {count} {unit} ({elapsed:.1f} s)"
+
+
+def progress(iterable: Iterable, desc: str, total: int | None = None, *, unit: str = "it",
+             min_interval: float = 0.1) -> Iterator:
+    """Iterate over ``iterable`` showing a progress bar; yields the items unchanged.
+
+    ``for step in progress(range(200), desc="training", unit="steps"): ...``
+
+    - In a Jupyter kernel (JupyterLab, Colab, VS Code, nbclient/nbconvert): a live HTML
+      ``<progress>`` bar with the count and elapsed time, updated through a display handle; when
+      the loop ends (or stops early, by ``break`` or an exception) that output is replaced by one
+      line of ``text/plain`` such as ``training: 200/200 steps in 3.1 s``. The saved notebook
+      holds only that line: it renders on GitHub and in an untrusted notebook, and no widget model
+      (or widget state) is involved.
+    - Elsewhere (a script, a terminal): the line is redrawn in place on a terminal's stderr and
+      printed once, finished, to stderr.
+
+    ``total`` defaults to ``len(iterable)`` when it has one (otherwise the count is shown without a
+    total). Redraws happen at most every ``min_interval`` seconds, so a fast loop is not slowed down
+    by display messages.
+    """
+    if not isinstance(desc, str) or not desc:
+        raise ValueError(f"desc must be a non-empty string naming the loop (e.g. desc='training'), "
+                         f"got {desc!r}")
+    if total is None:
+        try:
+            total = len(iterable)  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+    if total is not None and (not isinstance(total, int) or total < 0):
+        raise ValueError(f"total must be a non-negative int (the number of items), got {total!r}")
+    if min_interval < 0:
+        raise ValueError(f"min_interval must be >= 0 seconds, got {min_interval!r}")
+    return _progress_iter(iterable, desc, total, unit, min_interval)
+
+
+def _progress_iter(iterable, desc, total, unit, min_interval):
+    t0 = time.perf_counter()
+    n = 0
+    view = _ProgressView(desc, total, unit)
+    last = t0
+    try:
+        for item in iterable:
+            yield item
+            n += 1
+            now = time.perf_counter()
+            if now - last >= min_interval:
+                view.show(n, now - t0)
+                last = now
+    finally:
+        view.finish(n, time.perf_counter() - t0, complete=total is None or n >= total)
+
+
+class _ProgressView:
+    """Where a :func:`progress` loop is drawn: a Jupyter display handle, or a text stream."""
+
+    def __init__(self, desc: str, total: int | None, unit: str):
+        self.desc, self.total, self.unit = desc, total, unit
+        self.handle = None
+        self.stream = sys.stderr
+        self.live_stream = False
+        if _in_jupyter_kernel():
+            from IPython.display import display
+
+            self.handle = display(self._bundle(0, 0.0), raw=True, display_id=True)
+        else:
+            self.live_stream = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _bundle(self, n: int, elapsed: float) -> dict:
+        import html
+
+        text = _progress_text(self.desc, n, self.total, self.unit, elapsed, done=False)
+        if self.total:  # an HTML <progress> bar; no widget model, so nothing is left in the notebook
+            bar = f'<progress value="{min(n, self.total)}" max="{self.total}" style="width:240px"></progress>'
+        else:  # unknown length (or empty): an indeterminate bar
+            bar = '<progress style="width:240px"></progress>'
+        return {"text/html": f"{bar} <code>{html.escape(text)}</code>", "text/plain": text}
+
+    def show(self, n: int, elapsed: float) -> None:
+        if self.handle is not None:
+            self.handle.update(self._bundle(n, elapsed), raw=True)
+        elif self.live_stream:
+            self.stream.write("\r" + _progress_text(self.desc, n, self.total, self.unit, elapsed,
+                                                     done=False))
+            self.stream.flush()
+
+    def finish(self, n: int, elapsed: float, complete: bool) -> None:
+        text = _progress_text(self.desc, n, self.total, self.unit, elapsed, done=True)
+        if not complete:
+            text += " (stopped early)"
+        if self.handle is not None:
+            # replace the live bar by the static line: this is what the saved notebook keeps
+            self.handle.update({"text/plain": text}, raw=True)
+        else:
+            self.stream.write(("\r" if self.live_stream else "") + text + "\n")
+            self.stream.flush()
 
 
 class MemoryCalculator:
