@@ -38,7 +38,8 @@ def plot_memory_breakdown(breakdowns: dict, ax=None, device_bytes: float | None 
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, total in enumerate(bottoms):
         ax.annotate(f"{total:.3g} GB", (i, total), ha="center", va="bottom", fontsize=8,
-                    xytext=(0, 2), textcoords="offset points")
+                    xytext=(0, 2), textcoords="offset points", zorder=4,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=0.5, alpha=0.8))
     if device_bytes is not None:
         ax.axhline(device_bytes / GB, color="black", linestyle="--", linewidth=1,
                    label=f"{device_label} ({device_bytes / GB:.0f} GB)")

@@ -4,7 +4,7 @@
 and one readable line of static text in the saved output once the loop ends (so a committed
 notebook shows ``training: 200/200 steps in 3.1 s`` on GitHub, not ``HBox(children=...)``).
 
-:class:`MemoryCalculator` -- training memory per device (parameters, gradients, optimizer states,
+:class:`MemoryCalculator` (shown by :func:`memory_calculator`) -- training memory per device (parameters, gradients, optimizer states,
 activations) for a choice of model size, batch, precision, optimizer, ZeRO stage and parallel
 degrees, drawn as stacked bars for ZeRO stages 0-3 side by side. The numbers come from
 :func:`course_lib.estimate.training_memory`; the picture from
@@ -13,9 +13,12 @@ degrees, drawn as stacked bars for ZeRO stages 0-3 side by side. The numbers com
 
 from __future__ import annotations
 
+import base64
+import io
+import numbers
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import matplotlib.pyplot as plt
 
@@ -23,6 +26,38 @@ from course_lib import estimate
 from course_lib.viz_memory import plot_memory_breakdown
 
 _POW2 = [2 ** i for i in range(0, 15)]
+
+#: parameter counts (billions) on the calculator's slider: well-known model sizes (GPT-2 small
+#: and medium, GPT-3 and Llama family sizes, Gopher 280B, PaLM 540B) and round values between them.
+#: A value asked for that is not in the list is added to it, so the slider holds it exactly.
+PARAM_SIZES_BILLION = (0.1, 0.124, 0.25, 0.355, 0.5, 0.75, 1.0, 1.3, 2.0, 2.7, 3.0, 5.0, 6.7, 7.0,
+                       7.5, 8.0, 10.0, 13.0, 20.0, 30.0, 34.0, 40.0, 65.0, 70.0, 100.0, 175.0,
+                       280.0, 405.0, 540.0, 1000.0)
+
+
+def _figure_png(fig) -> str:
+    """The figure as a base64 PNG string (what a notebook stores under ``image/png``)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class _StaticFallback:
+    """Mixin: display ``self.widget`` with an ``image/png`` of ``self.figure`` and a readable
+    ``text/plain`` (:meth:`static_text`) next to the widget view, for viewers without widgets."""
+
+    widget = None
+    figure = None
+
+    def static_text(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = dict(self.widget._repr_mimebundle_())
+        bundle["text/plain"] = self.static_text()
+        if self.figure is not None:
+            bundle["image/png"] = _figure_png(self.figure)
+        return bundle
 
 
 def _in_jupyter_kernel() -> bool:
@@ -139,13 +174,17 @@ class _ProgressView:
             self.stream.flush()
 
 
-class MemoryCalculator:
+class MemoryCalculator(_StaticFallback):
     """An ipywidgets memory calculator.
 
-    ``calc = MemoryCalculator(); display(calc.widget)`` shows the controls and the figure. Moving a
-    control calls :meth:`update`, which can also be called directly (tests, static notebooks) with
-    keyword arguments named like the controls; it returns the per-device breakdown of the selected
-    ZeRO stage (bytes) and keeps the figure in ``self.figure``.
+    ``calc = MemoryCalculator(); display(calc)`` shows the controls and the figure (``display(calc)``
+    also stores the static fallback: the figure as a PNG and :meth:`static_text`; ``calc.widget`` is
+    the bare widget). Moving a control redraws; :meth:`update` can also be called directly (tests,
+    later cells) with keyword arguments named like the controls; it returns the per-device
+    breakdown of the selected ZeRO stage (bytes) and keeps the figure in ``self.figure``.
+
+    The parameter count is a slider over :data:`PARAM_SIZES_BILLION` (plus any value asked for),
+    so the value set is the value shown: a log slider would snap 13.0 to 10**1.1 = 12.6.
     """
 
     def __init__(self, n_params_billion: float = 7.0, micro_batch: int = 1, seq: int = 4096,
@@ -159,8 +198,9 @@ class MemoryCalculator:
         lay = W.Layout(width="420px")
         self.device_gb = device_gb
         self.controls = {
-            "n_params_billion": W.FloatLogSlider(value=n_params_billion, base=10, min=-1, max=3,
-                                                 step=0.05, description="parameters (billions)"),
+            "n_params_billion": W.SelectionSlider(
+                options=_size_options(PARAM_SIZES_BILLION, n_params_billion),
+                value=float(n_params_billion), description="parameters (billions)"),
             "micro_batch": W.IntSlider(value=micro_batch, min=1, max=64, description="micro-batch b"),
             "seq": W.Dropdown(options=_POW2[6:], value=seq, description="sequence s"),
             "hidden": W.Dropdown(options=[256 * i for i in range(1, 81)], value=hidden,
@@ -215,6 +255,10 @@ class MemoryCalculator:
         self._hold = True
         try:
             for k, v in values.items():
+                if k == "n_params_billion":
+                    slider = self.controls[k]
+                    slider.options = _size_options([x for _, x in slider.options], v)
+                    v = float(v)
                 self.controls[k].value = v
         finally:
             self._hold = False
@@ -256,11 +300,176 @@ class MemoryCalculator:
         if not getattr(self, "_hold", False):
             self._redraw()
 
+    def static_text(self) -> str:
+        """A readable summary of the settings and the per-device totals of ZeRO stages 0-3."""
+        v = self.values()
+        head = (f"Memory calculator (the live controls need a running kernel): "
+                f"{v['n_params_billion']:g}B parameters, b={v['micro_batch']}, s={v['seq']}, "
+                f"h={v['hidden']}, L={v['n_layer']}, a={v['heads']}, {v['precision']} "
+                f"{v['optimizer']}, N={v['dp_degree']}, t={v['tp']}, sequence parallel "
+                f"{'on' if v['sequence_parallel'] else 'off'}, recompute={v['recompute']}")
+        try:
+            bars = self.breakdowns()
+        except ValueError as err:
+            return f"{head}\nInvalid settings: {err}"
+        selected = f"ZeRO-{v['zero_stage']}"
+        totals = ", ".join(f"{k} {sum(b.values()) / estimate.GB:.1f} GB" for k, b in bars.items())
+        total = sum(bars[selected].values())
+        fits = "fits" if total <= self.device_gb * estimate.GB else "does NOT fit"
+        return (f"{head}\nper device: {totals}; selected {selected}: {total / estimate.GB:.1f} GB "
+                f"-> {fits} in {self.device_gb:.0f} GB")
+
+
+def _size_options(sizes, value) -> list:
+    """Slider options ``(label, value)`` for the sizes, with ``value`` added if it is missing."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"n_params_billion must be a positive number of billions of parameters "
+                         f"(e.g. 7.0 or 0.355), got {value!r}")
+    values = sorted(set(float(x) for x in sizes) | {float(value)})
+    return [(f"{x:g}", x) for x in values]
+
 
 def memory_calculator(**defaults) -> MemoryCalculator:
-    """Build a :class:`MemoryCalculator` and display it; returns it (its ``update`` is callable)."""
+    """Build a :class:`MemoryCalculator` and display it; returns it (its ``update`` is callable).
+
+    The saved output holds the live widget and its static fallback (PNG + text), see the module
+    docstring.
+    """
     from IPython.display import display
 
     calc = MemoryCalculator(**defaults)
-    display(calc.widget)
+    display(calc)
     return calc
+
+
+# --------------------------------------------------------------------------- step-through
+
+class StepThrough(_StaticFallback):
+    """A slider over named states that redraws one figure per state.
+
+    ``labels[i]`` names state ``i`` (the slider shows the name, never a bare index, so "value 3"
+    cannot read "step 2"); ``draw(i, ax)`` draws state ``i`` into a fresh Axes. ``value`` is the
+    index shown first. ``display(st)`` shows the slider and the figure, and stores the static
+    fallback (the first figure as a PNG, and :meth:`static_text`). :meth:`show` selects a state
+    from code and returns the figure (``self.figure``).
+    """
+
+    def __init__(self, labels: Sequence[str], draw: Callable, value: int = 0,
+                 description: str = "step", figsize: tuple = (6.0, 2.8), title: str = ""):
+        import ipywidgets as W
+
+        self.labels = [str(x) for x in labels]
+        if not self.labels:
+            raise ValueError("labels is empty: pass one name per state, e.g. ['input', "
+                             "'reduce-scatter 1/3', ...]")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"labels must be distinct (the slider shows them): {self.labels}")
+        if not callable(draw):
+            raise TypeError(f"draw must be a function draw(index, ax), got {draw!r}")
+        self._check_index(value)
+        self.draw, self.figsize, self.title = draw, figsize, title
+        self.slider = W.SelectionSlider(options=[(lab, i) for i, lab in enumerate(self.labels)],
+                                        value=value, description=description,
+                                        continuous_update=False,
+                                        layout=W.Layout(width="520px"),
+                                        style={"description_width": "60px"})
+        self.output = W.Output()
+        self.figure = None
+        self.slider.observe(lambda change: self._redraw(), names="value")
+        self.widget = W.VBox([self.slider, self.output])
+        self._redraw()
+
+    def _check_index(self, i) -> int:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self.labels):
+            raise ValueError(f"state index must be an int in 0..{len(self.labels) - 1} "
+                             f"({len(self.labels)} states: {self.labels}), got {i!r}")
+        return int(i)
+
+    @property
+    def index(self) -> int:
+        """The index of the state shown."""
+        return self.slider.value
+
+    def show(self, i: int):
+        """Select state ``i`` (as moving the slider would) and return its figure."""
+        self.slider.value = self._check_index(i)  # redraws through the observer when it changes
+        return self.figure
+
+    def _redraw(self) -> None:
+        from IPython.display import display
+
+        i = self.slider.value
+        fig, ax = plt.subplots(figsize=self.figsize)
+        self.draw(i, ax)
+        if self.title:
+            fig.suptitle(self.title)
+        fig.tight_layout()
+        self.figure = fig
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(fig)
+        plt.close(fig)
+
+    def static_text(self) -> str:
+        """A readable summary: the states and the one shown."""
+        return (f"Step-through (the slider needs a running kernel), {len(self.labels)} states: "
+                f"{', '.join(self.labels)}; shown: {self.labels[self.index]!r}")
+
+
+def step_through(labels: Sequence[str], draw: Callable, value: int = 0, description: str = "step",
+                 figsize: tuple = (6.0, 2.8), title: str = "") -> StepThrough:
+    """Build a :class:`StepThrough` and display it (live slider + static fallback); returns it."""
+    from IPython.display import display
+
+    st = StepThrough(labels, draw, value=value, description=description, figsize=figsize,
+                     title=title)
+    display(st)
+    return st
+
+
+def ring_step_label(phase: str, step: int, world_size: int) -> str:
+    """The name of one ring step: ``ring_step_label("reduce-scatter", 0, 4) == "reduce-scatter 1/3"``.
+
+    ``step`` is the 0-based step index that ``course_lib.collectives.ring_all_reduce``'s
+    ``step_hook(phase, step, flat)`` reports; each phase of a ring on ``N = world_size`` ranks has
+    ``N - 1`` steps, named ``1/(N-1)`` ... ``(N-1)/(N-1)``.
+    """
+    N = int(world_size)
+    if N < 2:
+        raise ValueError(f"a ring needs world_size >= 2, got {world_size!r}")
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step < N - 1:
+        raise ValueError(f"step must be an int in 0..{N - 2} (0-based, as step_hook reports it) "
+                         f"for world_size={N}, got {step!r}")
+    return f"{phase} {step + 1}/{N - 1}"
+
+
+def ring_step_through(snapshots, chunk_bounds=None, value: int = 0, log: bool = False,
+                      fmt: str = "{:g}", title: str = "") -> StepThrough:
+    """Display a :class:`StepThrough` over recorded ring snapshots; returns it.
+
+    ``snapshots`` has the format of :func:`course_lib.viz.plot_ring_steps`: a list of
+    ``(label, per_rank, received)`` with ``per_rank[r]`` rank r's flat buffer after that state and
+    ``received`` the ``(rank, element)`` cells written in it (outlined in red). Name the states with
+    :func:`ring_step_label` ("input", "reduce-scatter 1/3", ...). All states share one colour scale
+    (the minimum and maximum over all snapshots), so colours compare across steps.
+    """
+    import numpy as np
+
+    from course_lib import viz
+
+    if not snapshots:
+        raise ValueError("snapshots is empty: pass [(label, per_rank, received), ...]")
+    values = np.concatenate([np.asarray(t, dtype=float).reshape(-1)
+                             for _, per_rank, _ in snapshots for t in per_rank])
+    lo, hi = float(values.min()), float(values.max())
+    n_ranks = len(snapshots[0][1])
+    width = len(np.asarray(snapshots[0][1][0]).reshape(-1))
+
+    def draw(i, ax):
+        label, per_rank, received = snapshots[i]
+        viz.plot_rank_tensors(per_rank, ax=ax, title=f"{label} (red: received in this step)",
+                              highlight=received, fmt=fmt, vmin=lo, vmax=hi,
+                              chunk_bounds=chunk_bounds, log=log)
+
+    return step_through([lab for lab, _, _ in snapshots], draw, value=value, title=title,
+                        figsize=(0.6 * width + 2.0, 0.45 * n_ranks + 1.2))
