@@ -12,10 +12,17 @@ On real GPUs (or CPU processes) with torchrun, one node or several::
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 -m course_lib.demos.hello
 
 The worker function is the same; only the start-up differs (:func:`course_lib.launch.init_from_env`).
+
+``--die-rank R`` makes global rank R kill itself (SIGKILL, as the kernel's OOM killer would) after the
+process group is up and before the collectives: a rehearsal of a lost process, to see how torchrun
+reports it and that the other ranks and nodes stop instead of hanging.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
 import sys
 
 import torch
@@ -40,9 +47,26 @@ def broadcast_and_all_reduce(rank: int, world_size: int, n: int = 4) -> dict:
             "after_broadcast": after_broadcast, "after_all_reduce": y.tolist()}
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torchrun ... -m course_lib.demos.hello", description=__doc__.split("\n")[0])
+    p.add_argument("--size", type=int, default=4, help="elements per tensor (default 4)")
+    p.add_argument("--die-rank", type=int, default=None, metavar="R",
+                   help="global rank R kills itself (SIGKILL) before the collectives: a failure rehearsal")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.size < 1:
+        raise SystemExit(f"--size must be at least 1, got {args.size}")
     rank, world_size = init_from_env()
-    out = broadcast_and_all_reduce(rank, world_size)
+    if args.die_rank is not None and not 0 <= args.die_rank < world_size:
+        raise SystemExit(f"--die-rank {args.die_rank} is not a rank of this job (0..{world_size - 1})")
+    if rank == args.die_rank:
+        sys.stdout.write(f"[rank {rank}/{world_size}] --die-rank {rank}: killing myself with SIGKILL\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    out = broadcast_and_all_reduce(rank, world_size, args.size)
     expected = world_size * (world_size + 1) / 2
     ok = all(v == expected for v in out["after_all_reduce"]) and out["after_broadcast"] == list(
         map(float, range(len(out["before"]))))

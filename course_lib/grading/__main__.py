@@ -5,7 +5,8 @@ Exit codes
                   orphaned exercises (listed); 2 a solutions notebook is malformed, or bad arguments.
   grade:          0 every submission was graded (whatever the scores); 1 at least one submission was
                   rejected (each gets a one-line error; the others are still graded and written);
-                  2 bad arguments or unusable --solutions.
+                  2 bad arguments, unusable --solutions, or the grader's own packages (pytest, nbval,
+                  ipykernel: the "test" extra) are missing; nothing is graded then.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .build import build
-from .grade import DEFAULT_TIMEOUT, default_dir, format_report, grade, to_csv, to_json
+from .grade import DEFAULT_TIMEOUT, GraderSetupError, default_dir, format_report, grade, to_csv, to_json
 from .notebook import NotebookError
 
 
@@ -72,7 +73,7 @@ def _grade(args) -> int:
         return 2
     try:
         reports = grade(args.submissions, args.solutions, timeout=args.timeout, jobs=args.jobs)
-    except NotebookError as exc:
+    except (NotebookError, GraderSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not reports:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -74,6 +75,46 @@ class Report:
         d = asdict(self)
         d.update(total=self.total, max_total=self.max_total)
         return d
+
+
+# ----------------------------------------------------------------------------- the grader's own needs
+
+# Module -> the distribution that provides it. Grading runs each submission under ``python -m pytest
+# -p nbval.plugin`` with an IPython kernel of this interpreter, so all of them must be importable here.
+GRADER_MODULES = {"pytest": "pytest", "nbval": "nbval", "ipykernel": "ipykernel",
+                  "jupyter_client": "jupyter_client", "nbformat": "nbformat"}
+
+
+class GraderSetupError(RuntimeError):
+    """The grader cannot run in this Python installation (missing packages); nothing was graded."""
+
+
+def missing_grader_modules() -> list[str]:
+    """The modules of :data:`GRADER_MODULES` that this interpreter cannot import (in that order)."""
+    missing = []
+    for mod in GRADER_MODULES:
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):  # a broken package, or a module blanked out in sys.modules
+            found = False
+        if not found:
+            missing.append(mod)
+    return missing
+
+
+def check_grader_dependencies() -> None:
+    """Raise :class:`GraderSetupError` naming what is missing and how to install it.
+
+    Without this, an installation lacking the ``test`` extra (the plain wheel, Colab) would run pytest
+    that does not exist and score every check cell 0 as "not run".
+    """
+    missing = missing_grader_modules()
+    if missing:
+        pkgs = ", ".join(GRADER_MODULES[m] for m in missing)
+        raise GraderSetupError(
+            f"grading needs {pkgs}, which {'is' if len(missing) == 1 else 'are'} not installed for "
+            f"{sys.executable}; nothing was graded. Install the grader's extra: "
+            f"{sys.executable} -m pip install \"course-lib[test]\"")
 
 
 # ----------------------------------------------------------------------------- canonical solutions
@@ -416,7 +457,12 @@ def expand_paths(paths: list[str | Path]) -> list[Path]:
 
 def grade(paths: list[str | Path], solutions_dir: str | Path | None = None,
           timeout: float = DEFAULT_TIMEOUT, jobs: int = 1) -> list[Report]:
-    """Grade every submission (files or folders of ``*.ipynb``); one Report each, in input order."""
+    """Grade every submission (files or folders of ``*.ipynb``); one Report each, in input order.
+
+    Raises GraderSetupError (before reading anything) when pytest/nbval/ipykernel are missing, and
+    NotebookError for unusable ``solutions_dir``.
+    """
+    check_grader_dependencies()
     solutions = load_solutions(solutions_dir or default_dir("solutions"))
     files = expand_paths(paths)
     if jobs <= 1 or len(files) <= 1:

@@ -1,0 +1,113 @@
+"""Two "nodes" on this machine: two ``torchrun --nnodes=2 --node_rank=i`` invocations, 2 processes each.
+
+What an instructor types on two real nodes, with the c10d rendezvous on 127.0.0.1 instead of node 0's
+address and gloo instead of NCCL. Runs :mod:`course_lib.demos.hello` end to end (4 ranks, broadcast and
+all-reduce across both "nodes"), then rehearses a lost process (``--die-rank 3`` kills itself with
+SIGKILL): both torchrun agents must report the failure and exit within the timeout, and no process of
+the job may be left behind (each job's processes carry a unique environment tag that is looked for in
+``/proc`` afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+JOB_TIMEOUT = 120  # seconds for a whole 2-node job; it needs about 10 s on 2 idle cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries ``COURSE_TEST_TAG=tag`` (the job's agents and workers)."""
+    needle = f"COURSE_TEST_TAG={tag}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                pass
+    return pids
+
+
+def run_two_nodes(*demo_args: str) -> tuple[list[subprocess.CompletedProcess], float]:
+    """Start node 0 and node 1 at once; wait for both; return their results and the wall time."""
+    if not TORCHRUN.exists():
+        pytest.skip(f"torchrun not found next to {sys.executable}")
+    tag, port = uuid.uuid4().hex, free_port()
+    env = {**os.environ, "COURSE_TEST_TAG": tag, "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(
+        [str(TORCHRUN), "--nnodes=2", f"--node_rank={i}", "--nproc_per_node=2", "--rdzv_backend=c10d",
+         f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=test-{tag[:8]}", "--rdzv-conf=join_timeout=60",
+         "--max-restarts=0", "--monitor-interval=0.5", "-m", "course_lib.demos.hello", *demo_args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for i in (0, 1)]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, JOB_TIMEOUT - (time.monotonic() - t0)))
+            results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+        for pid in tagged_pids(tag):
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the 2-node job did not finish within {JOB_TIMEOUT} s (a hang)")
+    wall = time.monotonic() - t0
+    deadline = time.monotonic() + 10  # workers killed by their agent may need a moment to be reaped
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = tagged_pids(tag)
+    assert not left, f"processes of the job left behind: {left}"
+    return results, wall
+
+
+def test_two_nodes_run_the_demo_end_to_end():
+    (node0, node1), wall = run_two_nodes("--size", "3")
+    assert node0.returncode == 0 and node1.returncode == 0, node0.stderr[-3000:] + node1.stderr[-3000:]
+    lines = [line for line in (node0.stdout + node1.stdout).splitlines() if line.startswith("[rank ")]
+    ranks = sorted(int(re.match(r"\[rank (\d+)/4 ", line).group(1)) for line in lines)
+    assert ranks == [0, 1, 2, 3], lines
+    # Ranks 0, 1 run on node 0 and 2, 3 on node 1 (torchrun assigns ranks by node order).
+    assert all(re.match(r"\[rank [01]/4 ", x) for x in node0.stdout.splitlines() if x.startswith("[rank "))
+    assert all(re.match(r"\[rank [23]/4 ", x) for x in node1.stdout.splitlines() if x.startswith("[rank "))
+    for line in lines:
+        assert "via gloo" in line and line.endswith(" OK"), line
+        assert "after_broadcast=[0.0, 1.0, 2.0]" in line, line             # rank 0's tensor
+        assert "after_all_reduce=[10.0, 10.0, 10.0]" in line, line         # 1 + 2 + 3 + 4
+    print(f"2 nodes x 2 processes: {wall:.1f} s")
+
+
+def test_a_dead_process_on_one_node_stops_both_nodes():
+    (node0, node1), wall = run_two_nodes("--die-rank", "3")
+    assert node1.returncode != 0 and node0.returncode != 0, (node0.returncode, node1.returncode)
+    assert "--die-rank 3: killing myself" in node1.stdout
+    # Node 1's agent names the dead rank and the signal; node 0's reports its own ranks failing.
+    assert re.search(r"rank\s*: 3 \(local_rank: 1\)\s*\n\s*exitcode\s*: -9", node1.stderr), node1.stderr[-3000:]
+    assert "SIGKILL" in node1.stderr
+    assert "course_lib.demos.hello FAILED" in node0.stderr, node0.stderr[-3000:]
+    assert not any(" OK" in x for x in node0.stdout.splitlines()), node0.stdout
+    print(f"failure detected and both nodes exited in {wall:.1f} s")
+
+
+def test_die_rank_outside_the_job_is_a_clear_error():
+    (node0, node1), _ = run_two_nodes("--die-rank", "7")
+    assert node0.returncode != 0 and node1.returncode != 0
+    assert "--die-rank 7 is not a rank of this job (0..3)" in node0.stderr + node1.stderr
