@@ -1,0 +1,507 @@
+"""ZeRO from scratch: stages 1, 2 and 3 of the Zero Redundancy Optimizer (Rajbhandari et al. 2020).
+
+Plain data parallelism keeps a full copy of the *model states* on every rank: parameters,
+gradients and optimizer states, ``(2 + 2 + K) Psi`` bytes for ``Psi`` parameters in mixed precision
+with Adam (``K = 12``: fp32 master weights, momentum, variance; ZeRO §3.1). ZeRO-DP (§5) keeps the
+data-parallel computation but gives each of the ``N`` ranks only a ``1/N`` shard of them:
+
+=========  ============================  ===================================  ========================
+stage      sharded (paper §5.1-5.3)      per-rank model states (mixed, Adam)  bytes sent per step (§7)
+=========  ============================  ===================================  ========================
+0 (DDP)    nothing                       ``(4 + K) Psi``                      2 Psi (all-reduce)
+1 ``P_os`` optimizer states              ``4 Psi + K Psi / N``                2 Psi (RS + AG)
+2 ``P_g``  + gradients                   ``2 Psi + (2 + K) Psi / N``          2 Psi (RS + AG)
+3 ``P_p``  + parameters                  ``(4 + K) Psi / N``                  3 Psi (AG, AG, RS)
+=========  ============================  ===================================  ========================
+
+(The paper rounds the ring's ``(N-1)/N`` to 1; :func:`comm_bytes_per_step` keeps it.)
+
+How the shards are laid out (the ``FlatParameter`` idea that FSDP also uses)::
+
+    unit (one layer): [ w1 ........ | b1 .. | w2 ........ | b2 .. | pad ]   padded to a multiple of N
+                      |<- rank 0 ->|<- rank 1 ->|<- rank 2 ->|<- rank 3 ->|   shard = padded / N
+
+The model is cut into *units*: by default every layer of every ``nn.ModuleList`` (the blocks of
+``TinyGPT``, the layers of ``TinyMLP``) is one unit and the parameters left over (embeddings, final
+norm, head) form the root unit. Each unit's trainable parameters are concatenated into one flat
+vector, zero-padded so that ``N`` divides it, and rank ``r`` owns the ``r``-th equal slice.
+
+* Stage 0: every rank holds everything; gradients are ring all-reduced (averaged) and every rank
+  steps the full Adam. This is the baseline of the paper's Figure 1.
+* Stage 1 (§5.1): every rank keeps Adam's states only for its slice. After backward the full
+  gradient is reduce-scattered (rank r receives the averaged slice r), rank r steps its slice, and
+  the updated slices are all-gathered into every rank's full parameters.
+* Stage 2 (§5.2): as stage 1, but each unit's gradient is reduce-scattered *as soon as backward has
+  produced it* (a post-accumulate-grad hook) and the full gradient is dropped: a rank keeps only
+  its gradient slice.
+* Stage 3 (§5.3): the parameters are sharded too. A unit's full parameters are all-gathered just
+  before its forward and freed after it, all-gathered again just before its backward (a hook on
+  the unit's output gradient) and freed after it; its gradient is reduce-scattered as backward
+  produces it. While one unit computes, the next unit's all-gather is already in flight (prefetch,
+  §7.2.2 "pre-fetching"): communication runs on a background thread, overlapping compute.
+
+Freeing uses FSDP's trick: the parameters stay views into one flat buffer whose *storage* is
+resized to 0 bytes after use and back before the next use, so the tensors autograd saved for the
+backward see the re-gathered values.
+
+Communication goes through the course's own ring collectives (:mod:`course_lib.collectives`,
+recorded by :mod:`course_lib.trace`), or through the ``torch.distributed`` built-ins with
+``builtin=True`` (faster; then nothing is recorded). Mixed precision (``param_dtype=torch.bfloat16``)
+computes and communicates in bf16 and keeps an fp32 master slice for Adam (ZeRO §3.1; FSDP2's
+``MixedPrecisionPolicy(param_dtype=...)``).
+
+Frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them, as in DDP.
+Tied parameters (one tensor registered twice) are sharded once. A unit must run at most once per
+forward. Not covered: gradient clipping by global norm, CPU offload (ZeRO-Offload), activation
+partitioning (ZeRO-R, §6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from course_lib import collectives, trace
+from course_lib.data_parallel import broadcast_parameters
+
+__all__ = ["ZeRO", "comm_bytes_per_step", "default_units"]
+
+STAGES = (0, 1, 2, 3)
+
+
+def comm_bytes_per_step(n_params: int, stage: int, world_size: int, bytes_per_element: int = 4) -> float:
+    """Bytes one rank sends per training step under ZeRO stage ``stage`` (ZeRO §7.2).
+
+    A ring reduce-scatter or all-gather of ``n`` elements sends ``(N-1)/N * n`` elements per rank,
+    a ring all-reduce twice that. Stages 0-2: ``2 (N-1)/N Psi`` (all-reduce, or reduce-scatter +
+    all-gather: "the same communication volume as baseline DP"); stage 3: ``3 (N-1)/N Psi`` (an
+    all-gather for the forward, one for the backward, a reduce-scatter: 1.5x). The paper writes
+    ``2 Psi`` and ``3 Psi``, the limit for large ``N``.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    passes = 3 if stage == 3 else 2
+    return passes * (world_size - 1) / world_size * n_params * bytes_per_element
+
+
+def default_units(module: nn.Module) -> list[nn.Module]:
+    """The layers ZeRO-3 gathers one at a time: every child of an ``nn.ModuleList`` in ``module``
+    (outermost lists only). The remaining parameters form the root unit."""
+    units, inside = [], set()
+    for m in module.modules():
+        if isinstance(m, nn.ModuleList) and id(m) not in inside:
+            for child in m:
+                units.append(child)
+                inside.update(id(x) for x in child.modules())
+    return units
+
+
+class _Unit:
+    """One unit's flat buffers. Shapes: ``full`` (padded,), ``shard``/``master`` (padded // N,)."""
+
+    def __init__(self, name, module, params, world_size, rank, stage):
+        self.name, self.module, self.params = name, module, params
+        self.offsets, off = [], 0
+        for p in params:
+            self.offsets.append(off)
+            off += p.numel()
+        self.numel = off
+        self.shard_size = -(-off // world_size)            # ceil(Psi_unit / N)
+        self.padded = self.shard_size * world_size
+        lo = 0 if stage == 0 else rank * self.shard_size    # stage 0: a rank "owns" everything
+        self.lo, self.hi = lo, self.padded if stage == 0 else lo + self.shard_size
+        self.full = self.shard = self.master = None
+        self.grad_full = self.grad_shard = None             # stages 0-1 / stages 2-3
+        self.pending: list[Future] = []                     # reduce-scatters in flight
+        self.gather: Future | None = None
+        self.is_full = True
+        self.n_ready = 0
+        self.t_start = None
+
+
+class ZeRO(nn.Module):
+    """Data parallelism with ZeRO stage 0-3 sharding, model and optimizer in one object.
+
+    Args:
+        module: the model; its trainable parameters are flattened into per-unit buffers (the
+            module's parameters become views into them) and rank ``src``'s values are broadcast
+            to every rank first, so ranks may start from different initialisations.
+        stage: 0 (plain data parallelism), 1 (shard Adam states), 2 (+ gradients), 3 (+ parameters).
+        lr, betas, eps, weight_decay: ``torch.optim.Adam``'s, which steps each rank's slice.
+        group: process group (``None`` = default group); the data-parallel ranks.
+        units: the submodules to gather one at a time (:func:`default_units` when ``None``).
+        param_dtype: e.g. ``torch.bfloat16`` for mixed precision (compute, gradients and
+            communication in bf16, fp32 master slice); ``None`` keeps the parameters' fp32.
+        builtin: use ``dist.all_gather_single`` / ``reduce_scatter_single`` / ``all_reduce``
+            instead of the course's ring (faster; not recorded by ``course_lib.trace``).
+        prefetch: stage 3: issue the next unit's all-gather while the current one computes.
+        src: the global rank whose parameters are broadcast at set-up.
+
+    Use like a model plus its optimizer: each rank feeds its own slice of the batch (equal slices
+    give the full-batch step)::
+
+        model = ZeRO(TinyGPT(), stage=3, lr=1e-3)
+        loss = loss_fn(model(x_shard), y_shard); loss.backward()
+        model.step(); model.zero_grad()
+    """
+
+    def __init__(self, module: nn.Module, stage: int, *, lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, group=None, units=None,
+                 param_dtype: torch.dtype | None = None, builtin: bool = False,
+                 prefetch: bool = True, src: int = 0):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"ZeRO wraps an nn.Module, got {type(module).__name__}")
+        if isinstance(stage, bool) or stage not in STAGES:
+            raise ValueError(f"stage must be 0, 1, 2 or 3 (0: plain data parallelism, 1: shard the "
+                             f"optimizer states, 2: also the gradients, 3: also the parameters), "
+                             f"got {stage!r}")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; run inside a rank started by "
+                               "course_lib.launch.run / Cluster, or call dist.init_process_group")
+        params = [p for p in module.parameters() if p.requires_grad]  # tied weights once
+        if not params:
+            raise ValueError("the model has no trainable parameters (none with requires_grad=True); "
+                             "ZeRO shards parameters, gradients and optimizer states, so give it a "
+                             "model with at least one trainable parameter")
+        if len({(p.dtype, p.device) for p in params}) > 1 or not params[0].is_floating_point():
+            raise TypeError("ZeRO needs all trainable parameters in one floating dtype on one "
+                            "device; got " + ", ".join(sorted({f"{p.dtype}@{p.device}" for p in params})))
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        n_total = sum(p.numel() for p in params)
+        if self.world_size > n_total:
+            raise ValueError(f"world_size={self.world_size} is larger than the model's {n_total} "
+                             f"trainable parameters, so some ranks would own nothing; use a group of "
+                             f"at most {n_total} ranks or a larger model")
+        if param_dtype is not None and (not isinstance(param_dtype, torch.dtype)
+                                        or not param_dtype.is_floating_point):
+            raise TypeError(f"param_dtype must be a floating torch.dtype such as torch.bfloat16, "
+                            f"got {param_dtype!r}")
+        self.module, self.stage, self.group = module, stage, group
+        self.builtin, self.prefetch = bool(builtin), bool(prefetch)
+        self.master_dtype = params[0].dtype
+        self.param_dtype = param_dtype or self.master_dtype
+        self.mixed = self.param_dtype != self.master_dtype
+        broadcast_parameters(module, src=src, group=group)
+
+        # -- units: layers first claim their parameters, the root takes the rest --
+        layer_modules = default_units(module) if units is None else list(units)
+        claimed, self.units = set(), []
+        trainable = {id(p) for p in params}
+        names = {id(m): n for n, m in module.named_modules()}
+        for m in layer_modules + [module]:
+            own = [p for p in m.parameters() if id(p) in trainable and id(p) not in claimed]
+            claimed.update(id(p) for p in own)
+            if own:
+                self.units.append(_Unit(names.get(id(m)) or "root", m, own, self.world_size,
+                                        self.rank, stage))
+        self.root = self.units[-1] if self.units[-1].module is module else None
+        self.frozen = [p for p in module.parameters() if not p.requires_grad]
+        self._build_buffers()
+        self.optimizer = torch.optim.Adam([u.master for u in self.units], lr=lr, betas=betas,
+                                          eps=eps, weight_decay=weight_decay, foreach=False)
+        # One communication thread: every rank issues its collectives in the same order on it.
+        self._comm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zero-comm")
+        weakref.finalize(self, self._comm.shutdown, wait=False)
+        self._hooks = []
+        self._reduced = False
+        if stage >= 2:
+            for u in self.units:
+                for p in u.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        lambda p, u=u: self._on_grad_ready(u)))
+        if stage == 3:
+            for u in self.units:
+                if u is not self.root:
+                    self._hooks.append(u.module.register_forward_pre_hook(
+                        lambda m, args, u=u: self._pre_forward(u)))
+                    self._hooks.append(u.module.register_forward_hook(
+                        lambda m, args, out, u=u: self._post_forward(u, out)))
+            for u in self.units:
+                self._free(u)
+
+    # ------------------------------------------------------------------ set-up
+    @torch.no_grad()
+    def _build_buffers(self) -> None:
+        for u in self.units:
+            u.full = torch.zeros(u.padded, dtype=self.param_dtype)
+            master_full = torch.zeros(u.padded, dtype=self.master_dtype)
+            for p, off in zip(u.params, u.offsets):
+                master_full[off:off + p.numel()].copy_(p.detach().reshape(-1))
+                p.data = u.full[off:off + p.numel()].view(p.shape)   # p is now a view into full
+            u.full.copy_(master_full)
+            # stage 3 keeps its slice in its own storage (full is freed); otherwise a view
+            u.shard = u.full[u.lo:u.hi].clone() if self.stage == 3 else u.full[u.lo:u.hi]
+            # fp32: Adam updates the slice in place; mixed: a separate fp32 master slice
+            u.master = nn.Parameter(master_full[u.lo:u.hi].clone() if self.mixed else u.shard)
+            if self.stage <= 1:
+                u.grad_full = torch.zeros(u.padded, dtype=self.param_dtype)
+                for p, off in zip(u.params, u.offsets):
+                    p.grad = u.grad_full[off:off + p.numel()].view(p.shape)
+        if self.mixed:
+            for p in self.frozen:
+                p.data = p.data.to(self.param_dtype)
+
+    # ------------------------------------------------------------------ communication
+    def _submit(self, fn, *args) -> Future:
+        return self._comm.submit(fn, *args)
+
+    def _all_gather(self, u: _Unit) -> None:
+        rec = trace.current()
+        with (rec.span("all-gather", f"all-gather {u.name}") if rec else contextlib.nullcontext()):
+            if self.builtin:
+                dist.all_gather_single(u.full, u.shard.clone(), group=self.group)
+            else:
+                collectives.ring_all_gather(u.full, u.shard, group=self.group)
+
+    def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
+        """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
+        rec = trace.current()
+        out = torch.empty(u.shard_size, dtype=flat.dtype)
+        with (rec.span("reduce-scatter", f"reduce-scatter {u.name}") if rec else contextlib.nullcontext()):
+            if self.builtin:
+                dist.reduce_scatter_single(out, flat, group=self.group)
+                out.div_(self.world_size)
+            else:
+                collectives.ring_reduce_scatter(out, flat, op="avg", group=self.group)
+        return out
+
+    def _all_reduce(self, u: _Unit) -> None:
+        rec = trace.current()
+        with (rec.span("all-reduce", f"all-reduce {u.name}") if rec else contextlib.nullcontext()):
+            if self.builtin:
+                dist.all_reduce(u.grad_full, group=self.group)
+                u.grad_full.div_(self.world_size)
+            else:
+                collectives.ring_all_reduce(u.grad_full, op="avg", group=self.group)
+
+    # ------------------------------------------------------------------ stage 3: gather / free
+    def _start_gather(self, u: _Unit) -> None:
+        if u.is_full or u.gather is not None:
+            return
+        u.full.untyped_storage().resize_(u.padded * u.full.element_size())  # allocate again
+        u.gather = self._submit(self._all_gather, u)
+
+    def _ensure_full(self, u: _Unit) -> None:
+        self._start_gather(u)
+        if u.gather is not None:
+            u.gather.result()
+            u.gather = None
+            u.is_full = True
+
+    def _free(self, u: _Unit) -> None:
+        if self.stage == 3 and u.is_full:
+            u.full.untyped_storage().resize_(0)   # the views stay; their bytes are gone
+            u.is_full = False
+
+    def _neighbour(self, u: _Unit, step: int):
+        layers = [v for v in self.units if v is not self.root]
+        if u is self.root:
+            return (layers[0] if step > 0 else layers[-1]) if layers else None
+        i = layers.index(u) + step
+        return layers[i] if 0 <= i < len(layers) else None
+
+    def _pre_forward(self, u: _Unit) -> None:
+        self._reduced = False
+        self._ensure_full(u)
+        nxt = self._neighbour(u, +1)
+        if self.prefetch and nxt is not None:
+            self._start_gather(nxt)
+        u.t_start = _now()
+
+    def _post_forward(self, u: _Unit, out) -> None:
+        _record(f"forward {u.name}", u.t_start)
+        if torch.is_grad_enabled():
+            for t in _tensors(out):
+                if t.requires_grad:
+                    t.register_hook(lambda g, u=u: self._pre_backward(u))
+        self._free(u)
+
+    def _pre_backward(self, u: _Unit) -> None:
+        self._ensure_full(u)
+        prv = self._neighbour(u, -1)
+        if self.prefetch and prv is not None and prv.n_ready == 0:
+            self._start_gather(prv)
+        if u.n_ready == 0:
+            u.t_start = _now()
+
+    # ------------------------------------------------------------------ stages 2-3: gradients
+    @torch.no_grad()
+    def _on_grad_ready(self, u: _Unit) -> None:
+        self._reduced = False
+        u.n_ready += 1
+        if u.n_ready == len(u.params):   # the whole unit's gradient is final: reduce it now
+            self._launch_reduce(u)
+            if u is not self.root:
+                _record(f"backward {u.name}", u.t_start)
+            self._free(u)
+
+    @torch.no_grad()
+    def _launch_reduce(self, u: _Unit) -> None:
+        flat = torch.zeros(u.padded, dtype=self.param_dtype)   # (padded,), freed once reduced
+        for p, off in zip(u.params, u.offsets):
+            if p.grad is not None:
+                flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = None                                 # keep only the slice
+        u.pending.append(self._submit(self._reduce_scatter, u, flat))
+        u.n_ready = 0
+
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """Finish this backward's gradient reduction (``step`` calls it; a second call is a no-op).
+
+        Afterwards rank r holds the gradient averaged over the ranks: the full gradient in
+        stage 0, its slice in stages 1-3 (stage 1 keeps the full buffer, only the slice is
+        averaged). Parameters that got no gradient contribute zeros, as in DDP.
+        """
+        if self._reduced:
+            return
+        for u in self.units:
+            if self.stage <= 1:
+                for p, off in zip(u.params, u.offsets):   # a fresh .grad (set_to_none): copy in
+                    view = u.grad_full[off:off + p.numel()].view(p.shape)
+                    if p.grad is None:
+                        p.grad = view
+                    elif p.grad.data_ptr() != view.data_ptr():
+                        view.copy_(p.grad)
+                        p.grad = view
+                if self.stage == 0:
+                    self._submit(self._all_reduce, u).result()
+                else:
+                    u.grad_full[u.lo:u.hi].copy_(self._submit(self._reduce_scatter, u, u.grad_full).result())
+            else:
+                if u.n_ready > 0 or (not u.pending and u.grad_shard is None):
+                    self._launch_reduce(u)   # unused parameters: zeros
+                for fut in u.pending:
+                    g = fut.result()
+                    u.grad_shard = g if u.grad_shard is None else u.grad_shard.add_(g)
+                u.pending = []
+                self._free(u)
+        self._reduced = True
+
+    # ------------------------------------------------------------------ the step
+    @torch.no_grad()
+    def step(self) -> None:
+        """Reduce the gradients, step Adam on this rank's slice, and share the new parameters:
+        all-gather them into every rank's full buffer (stages 1-2); stage 3 gathers at the next
+        forward; stage 0 stepped everything everywhere."""
+        self.reduce_gradients()
+        for u in self.units:
+            g = u.grad_full[u.lo:u.hi] if self.stage <= 1 else u.grad_shard
+            u.master.grad = g.to(self.master_dtype) if self.mixed else g
+        self.optimizer.step()
+        for u in self.units:
+            if self.mixed:
+                u.shard.copy_(u.master)        # fp32 master -> bf16 slice
+            u.master.grad = None
+        if self.stage in (1, 2):
+            for fut in [self._submit(self._all_gather, u) for u in self.units]:
+                fut.result()
+        self._reduced = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients (stages 0-1 zero the flat buffer the ``.grad`` views live in)."""
+        for u in self.units:
+            if u.grad_full is not None:
+                u.grad_full.zero_()
+            u.grad_shard = None
+
+    def forward(self, *args, **kwargs):
+        if self.mixed:   # FSDP2's MixedPrecisionPolicy(cast_forward_inputs=True)
+            args = tuple(a.to(self.param_dtype) if torch.is_tensor(a) and a.is_floating_point()
+                         else a for a in args)
+        if self.root is None or self.stage < 3:
+            return self.module(*args, **kwargs)
+        self._pre_forward(self.root)
+        out = self.module(*args, **kwargs)
+        self._post_forward(self.root, out)
+        return out
+
+    # ------------------------------------------------------------------ inspection
+    def state_bytes(self) -> dict:
+        """Bytes of parameters, gradients and optimizer states this rank holds *now*, measured
+        from the storages of its tensors (each storage counted once; padding included).
+
+        ``optimizer_states`` holds Adam's ``exp_avg``/``exp_avg_sq`` (and 4-byte step counters)
+        plus, in mixed precision, the fp32 master slice (ZeRO's ``K = 12``). Compare with
+        :func:`course_lib.estimate.zero_model_state_bytes` after ``reduce_gradients()``.
+        """
+        out = {"parameters": 0, "gradients": 0, "optimizer_states": 0}
+        seen = set()
+
+        def add(key, t):
+            if t is None:
+                return
+            st = t.untyped_storage()
+            if st.nbytes() and st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                out[key] += st.nbytes()
+
+        for u in self.units:
+            add("parameters", u.full)
+            add("parameters", u.shard)
+        for p in self.frozen:
+            add("parameters", p)
+        for u in self.units:
+            add("gradients", u.grad_full)
+            add("gradients", u.grad_shard)
+            for p in u.params:
+                add("gradients", p.grad)
+        for u in self.units:
+            add("optimizer_states", u.master)
+        for state in self.optimizer.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    add("optimizer_states", v)
+        return out
+
+    @torch.no_grad()
+    def gather_full_parameters(self) -> list[torch.Tensor]:
+        """The trainable parameters (fp32 master values, full shapes, in ``module.parameters()``
+        order) on every rank: an all-gather of the master slices, for checks, not for training."""
+        result = {}
+        for u in self.units:
+            full = torch.empty(u.padded, dtype=self.master_dtype)
+            if self.stage == 0:
+                full.copy_(u.master)
+            else:
+                self._submit(collectives.ring_all_gather, full, u.master.detach(), self.group).result()
+            for p, off in zip(u.params, u.offsets):
+                result[id(p)] = full[off:off + p.numel()].view(p.shape).clone()
+        return [result[id(p)] for p in self.module.parameters() if id(p) in result]
+
+    def close(self) -> None:
+        """Remove the hooks and stop the communication thread."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._comm.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------- small helpers
+def _now() -> float:
+    rec = trace.current()
+    return rec.now() if rec is not None else 0.0
+
+
+def _record(name: str, start) -> None:
+    """Add a compute span from ``start`` to now to the active recorder (when there is one)."""
+    rec = trace.current()
+    if rec is not None and start:
+        rec.events.append(dict(rank=rec.rank, kind="compute", name=name, start=start,
+                               end=rec.now(), bytes_sent=0, bytes_recv=0))
+
+
+def _tensors(out):
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
