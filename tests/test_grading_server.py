@@ -8,6 +8,7 @@ blanking the modules in ``sys.modules`` of a fresh interpreter, so find_spec/imp
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,27 @@ def test_grader_refuses_to_run_without_its_dependencies(tmp_path):
     assert err.startswith("error: grading needs pytest, nbval, which are not installed"), err
     assert 'pip install "course-lib[test]"' in err and len(err.splitlines()) == 1, err
     assert r.stdout == "" and not out_json.exists()  # nothing graded, nothing written
+
+
+def test_grading_a_folder_of_mixed_submissions(tmp_path):
+    """6 submissions, one of each kind, --jobs 2: a report each with the expected score, exit 0, nothing
+    left running. The 50-submission version is ``python benchmarks/grading_server.py --n 50``."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import grading_server as gs
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    kinds = gs.make_submissions(tmp_path / "subs", 6)
+    assert sorted(kinds.values()) == sorted(gs.KINDS)
+    res = gs.run_grader(tmp_path / "subs", jobs=2, timeout=15, out_json=tmp_path / "grades.json")
+    assert res["returncode"] == 0, res["stderr"][-3000:]
+    reports = json.loads((tmp_path / "grades.json").read_text())["submissions"]
+    assert len(reports) == 6
+    for r in reports:
+        kind = kinds[Path(r["submission"]).stem]
+        e = r["exercises"][0]
+        assert (e["status"], e["points"]) == gs.EXPECTED[kind], (kind, e)
+        if kind == "tampered":
+            assert e["restored"] == "edited"
+    assert res["leftover"] == [], f"processes of the grading run left behind: {res['leftover']}"
+    print(f"6 submissions, --jobs 2: {res['wall_s']:.1f} s, peak RSS {res['peak_rss'] / 2**20:.0f} MiB")
