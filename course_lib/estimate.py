@@ -23,6 +23,8 @@ Sources:
   (arXiv:1910.02054), §3.1 and §5.1, Figure 1.
 * Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
   (arXiv:2205.05198), §4.1 (Eq. 1), §4.2 and Table 2.
+* Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways" (arXiv:2204.02311),
+  §4.1 and Table 3: model FLOPs utilization (MFU).
 """
 
 from __future__ import annotations
@@ -176,6 +178,56 @@ def training_flops_per_token(n_params: float) -> float:
 def training_flops(n_params: float, tokens: float) -> float:
     """Training FLOPs for ``tokens`` tokens (one step: ``tokens = batch * seq``): ``C = 6 N D``."""
     return training_flops_per_token(n_params) * _check_positive("tokens", tokens)
+
+
+# --------------------------------------------------------------------------- FLOPs -> time
+
+#: NVIDIA A100 peak dense BF16/FP16 Tensor Core throughput, FLOP/s (A100 datasheet: 312 TFLOPS,
+#: 624 with structured sparsity, which dense training does not use).
+A100_BF16_PEAK_FLOPS = 312e12
+
+
+def training_seconds(flops: float, peak_flops: float, mfu: float, n_devices: int = 1) -> float:
+    """Wall-clock seconds to do ``flops`` of training: ``t = C / (n_devices * peak * MFU)``.
+
+    ``flops`` is the model's training compute ``C`` (e.g. :func:`training_flops`, ``6 N D``);
+    ``peak_flops`` one device's peak FLOP/s (e.g. :data:`A100_BF16_PEAK_FLOPS`); ``mfu`` the model
+    FLOPs utilization, the fraction of the peak that goes into the model's own FLOPs (Chowdhery et
+    al. 2022, "PaLM", §4.1 and Table 3; recomputation FLOPs are *not* model FLOPs, so activation
+    checkpointing lowers MFU). Narayanan et al. 2021, §5.1, write the same estimate as
+    ``8 T P / (n X)``: ``X`` is the achieved FLOP/s per GPU *including* recomputation (hence 8, not 6).
+    """
+    C = _check_positive("flops", flops)
+    peak = _check_positive("peak_flops", peak_flops)
+    u = _check_positive("mfu", mfu)
+    if u > 1:
+        raise ValueError(f"mfu={u} is above 1: it is a fraction of the peak (e.g. 0.4 for 40%)")
+    return C / (_check_int("n_devices", n_devices) * peak * u)
+
+
+def model_flops_utilization(flops: float, seconds: float, peak_flops: float,
+                            n_devices: int = 1) -> float:
+    """MFU, the inverse of :func:`training_seconds`: ``C / (seconds * n_devices * peak)``.
+
+    ``flops`` are the model FLOPs done in ``seconds`` (not counting recomputation).
+    """
+    C, t = _check_positive("flops", flops), _check_positive("seconds", seconds)
+    peak = _check_positive("peak_flops", peak_flops)
+    return C / (t * _check_int("n_devices", n_devices) * peak)
+
+
+def human_duration(seconds: float) -> str:
+    """A duration in the largest fitting unit: ``"95 years"``, ``"34 days"``, ``"3.2 hours"``.
+
+    Years of 365.25 days; two significant figures below 10, whole numbers above.
+    """
+    t = _check_positive("seconds", seconds)
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600),
+                       ("minutes", 60)):
+        if t >= size:
+            v = t / size
+            return f"{v:.2g} {unit}" if v < 10 else f"{v:.0f} {unit}"
+    return f"{t:.2g} s"
 
 
 # --------------------------------------------------------------------------- model states

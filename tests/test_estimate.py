@@ -318,3 +318,38 @@ def test_memory_calculator_reports_invalid_settings():
     assert calc.figure is None
     with pytest.raises(ValueError, match="unknown setting"):
         calc.update(batch=3)
+
+
+# --------------------------------------------------------------------------- FLOPs -> time
+
+def test_gpt3_training_time_on_1024_a100s_is_34_days():
+    # Narayanan et al. 2021, §5.1: T = 300B tokens, P = 175B, n = 1024 A100s at X = 140 TFLOP/s per
+    # GPU (achieved, recomputation included): 8 T P / (n X) = "34 days". With 6ND model FLOPs the
+    # same run has MFU = (6/8) * 140 / 312.
+    C = E.training_flops(175e9, 300e9)
+    assert C == pytest.approx(6 * 175e9 * 300e9)
+    mfu = 6 / 8 * 140e12 / 312e12
+    t = E.training_seconds(C, E.A100_BF16_PEAK_FLOPS, mfu, n_devices=1024)
+    assert t == pytest.approx(8 * 300e9 * 175e9 / (1024 * 140e12))
+    assert round(t / 86400) == 34
+    assert E.human_duration(t) == "34 days"
+    assert E.model_flops_utilization(C, t, E.A100_BF16_PEAK_FLOPS, 1024) == pytest.approx(mfu)
+    # one GPU: 1024 times longer
+    assert E.training_seconds(C, 312e12, mfu) == pytest.approx(1024 * t)
+
+
+def test_training_seconds_simple_and_bad_input():
+    assert E.training_seconds(1e15, 1e12, 0.5, n_devices=2) == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="mfu=1.5 is above 1"):
+        E.training_seconds(1e15, 1e12, 1.5)
+    with pytest.raises(ValueError, match="mfu must be positive"):
+        E.training_seconds(1e15, 1e12, 0)
+    with pytest.raises(ValueError, match="n_devices must be >= 1"):
+        E.training_seconds(1e15, 1e12, 0.5, n_devices=0)
+
+
+@pytest.mark.parametrize("seconds, text", [(3 * 365.25 * 86400, "3 years"), (95.4 * 365.25 * 86400, "95 years"),
+                                           (1.5 * 86400, "1.5 days"), (7200, "2 hours"),
+                                           (90, "1.5 minutes"), (0.5, "0.5 s")])
+def test_human_duration(seconds, text):
+    assert E.human_duration(seconds) == text
