@@ -201,13 +201,18 @@ class NaiveDDP(nn.Module):
 
 @dataclass
 class _Bucket:
-    """Parameters whose gradients travel in one all-reduce; ``flat`` holds their gradients back to
-    back plus one "had a gradient" flag per parameter at the end."""
+    """Parameters whose gradients travel in one all-reduce.
+
+    ``flat`` is a slice of the module's one flat gradient buffer (no storage of its own): the
+    parameters' gradients back to back, ``numel`` elements, then one "had a gradient" flag per
+    parameter. ``views[slot]`` is parameter ``slot``'s gradient as a view into ``flat``, shaped like it.
+    """
 
     params: list
     offsets: list
     numel: int
     flat: torch.Tensor | None = None
+    views: list = field(default_factory=list)
     ready: list = field(default_factory=list)
     n_ready: int = 0
     work: object = None
@@ -223,15 +228,21 @@ class BucketedDDP(nn.Module):
       visits the last layers first, so the first bucket fills first); a bucket is closed as soon as
       it holds ``bucket_cap_bytes`` or more, so it overshoots the cap by less than one parameter --
       the rule torch DDP uses (``_compute_bucket_assignment_by_size``).
+    * All gradients live in one flat buffer per dtype/device (``grad_buffers``; one for a usual
+      model), laid out bucket after bucket; a bucket's ``flat`` is a slice of it and every
+      ``param.grad`` becomes a view into its bucket (torch DDP's ``gradient_as_bucket_view=True``).
+      Backward then accumulates straight into the buffer, and no gradient is copied into or out of
+      the bucket -- except once after ``zero_grad(set_to_none=True)``, when autograd hands back a
+      fresh ``.grad`` that is copied into the view (divided by N in the same pass) and replaced by it.
     * ``param.register_post_accumulate_grad_hook`` marks a parameter ready once its ``.grad`` is final
-      for this backward. When a bucket is complete, its gradients are copied into one flat buffer,
-      divided by the world size and handed to ``dist.all_reduce(async_op=True)``; backward continues
-      with earlier layers while the bytes move.
+      for this backward. When a bucket is complete it is divided by the world size in place and
+      handed to ``dist.all_reduce(async_op=True)``; backward continues with earlier layers while the
+      bytes move.
     * Buckets are launched strictly in bucket order: collectives are matched by call order, so every
       rank must issue them in the same order even when gradients arrive in a different order.
     * At the end of backward (an autograd-engine callback) the remaining buckets are launched -- a
       parameter that received no gradient contributes zeros, as in DDP(find_unused_parameters=True)
-      -- every all-reduce is waited for, and the averaged gradients are copied back into ``.grad``.
+      -- and every all-reduce is waited for: ``.grad`` already holds the average (it is a view).
       A parameter no rank produced a gradient for keeps ``.grad = None``.
     * ``with model.no_sync():`` turns communication off; gradients accumulate locally and the first
       backward outside the context reduces the accumulated sum (gradient accumulation with one
@@ -276,6 +287,8 @@ class BucketedDDP(nn.Module):
                 cur, cur_bytes = [], 0
         if cur:
             self._add_bucket(cur)
+        self.grad_buffers: list[torch.Tensor] = []
+        self._alloc_grad_buffers()
 
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
         self._next_bucket = 0
@@ -292,6 +305,26 @@ class BucketedDDP(nn.Module):
         for slot, p in enumerate(params):
             self._where[id(p)] = (len(self.buckets), slot)
         self.buckets.append(b)
+
+    @torch.no_grad()
+    def _alloc_grad_buffers(self) -> None:
+        """One flat buffer per run of buckets with the same dtype/device; buckets are slices of it."""
+        start = 0
+        while start < len(self.buckets):
+            p0 = self.buckets[start].params[0]
+            end = start
+            while end < len(self.buckets) and (self.buckets[end].params[0].dtype == p0.dtype
+                                               and self.buckets[end].params[0].device == p0.device):
+                end += 1
+            group = self.buckets[start:end]
+            buf = torch.zeros(sum(b.numel + len(b.params) for b in group), dtype=p0.dtype, device=p0.device)
+            off = 0
+            for b in group:
+                b.flat = buf[off:off + b.numel + len(b.params)]  # a view: shares buf's storage
+                b.views = [b.flat[o:o + p.numel()].view_as(p) for p, o in zip(b.params, b.offsets)]
+                off += b.numel + len(b.params)
+            self.grad_buffers.append(buf)
+            start = end
 
     def forward(self, *args, **kwargs):
         if self._in_backward:
@@ -313,7 +346,7 @@ class BucketedDDP(nn.Module):
             self.sync_enabled = old
 
     def bucket_sizes(self) -> list[int]:
-        """Bytes of gradient per bucket, in launch order."""
+        """Bytes of gradient per bucket, in launch order (the flags are not counted)."""
         return [b.numel * b.params[0].element_size() for b in self.buckets]
 
     # -- the hook path -------------------------------------------------------------------------
@@ -344,19 +377,20 @@ class BucketedDDP(nn.Module):
     @torch.no_grad()
     def _launch(self, bi: int) -> None:
         b = self.buckets[bi]
-        p0 = b.params[0]
-        if b.flat is None:
-            b.flat = torch.empty(b.numel + len(b.params), dtype=p0.dtype, device=p0.device)
         flat = b.flat
         flags = []
-        for p, off in zip(b.params, b.offsets):
-            if p.grad is None:  # no gradient on this rank: contribute zeros, flag 0
-                flat[off:off + p.numel()].zero_()
+        for p, view in zip(b.params, b.views):
+            g = p.grad
+            if g is None:  # no gradient on this rank: contribute zeros, flag 0
+                view.zero_()
                 flags.append(0.0)
-            else:
-                # averaging = sum over ranks of g_r / N; dividing while copying saves a pass
-                torch.div(p.grad.reshape(-1), self.world_size, out=flat[off:off + p.numel()])
-                flags.append(1.0)
+                continue
+            if g.data_ptr() == view.data_ptr():  # already the view: backward accumulated into it
+                view.div_(self.world_size)
+            else:  # a fresh .grad (after zero_grad(set_to_none=True)): one pass, copy and divide
+                torch.div(g, self.world_size, out=view)
+                p.grad = view
+            flags.append(1.0)
         flat[b.numel:] = torch.tensor(flags, dtype=flat.dtype)
         rec = _current_recorder()
         now = time.time()
@@ -393,14 +427,10 @@ class BucketedDDP(nn.Module):
                 nb = ring_allreduce_bytes(b.numel * b.flat.element_size(), self.world_size)
                 rec.comm(f"all_reduce bucket {bi}", nb, nb, b.t_launch, end)
             had_grad = b.flat[b.numel:].tolist()  # per parameter: how many ranks had a gradient
-            for slot, (p, off) in enumerate(zip(b.params, b.offsets)):
-                if had_grad[slot] == 0:  # no rank had a gradient: keep None
-                    continue
-                avg = b.flat[off:off + p.numel()].view_as(p)
-                if p.grad is None:
-                    p.grad = avg.clone()
-                else:
-                    p.grad.copy_(avg)
+            for slot, (p, view) in enumerate(zip(b.params, b.views)):
+                if had_grad[slot] != 0 and p.grad is None:  # only other ranks had one: use the view
+                    p.grad = view
+                # (no rank had a gradient: .grad stays None; otherwise .grad is the view already)
             b.work = None
             b.ready = [False] * len(b.params)
             b.n_ready = 0

@@ -48,7 +48,7 @@ import cloudpickle
 
 from course_lib._worker import SENTINEL
 
-__all__ = ["Cluster", "RankError", "run", "init_from_env", "device", "jax_cpu_devices"]
+__all__ = ["Cluster", "RankError", "run", "init_from_env", "device", "jax_cpu_devices", "xla_flag_known"]
 
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GRACE_S = 3.0  # after one rank fails, how long the others get to finish on their own
@@ -486,27 +486,96 @@ def device():
 
 
 # --------------------------------------------------------------------------------- JAX
-def jax_cpu_devices(n: int):
+def _jaxlib_binaries() -> list[str]:
+    """The shared libraries of the installed jaxlib that hold XLA (its flag table among them)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = list(spec.submodule_search_locations)[0]
+    names = sorted(os.listdir(root))
+    # libjax_common.so (jaxlib >= 0.5) or xla_extension.so (older); both when a wheel has both
+    return [os.path.join(root, f) for f in names
+            if f.startswith(("libjax_common", "xla_extension")) and ".so" in f or f.endswith(".pyd")]
+
+
+_XLA_FLAG_CACHE: dict[str, bool] = {}
+
+
+def xla_flag_known(name: str) -> bool:
+    """Whether the installed XLA (inside jaxlib) defines the ``XLA_FLAGS`` flag ``name``.
+
+    XLA aborts the whole process on a flag it does not know ("Unknown flag in XLA_FLAGS"), and flags
+    come and go between jaxlib releases, so optional flags are only set when this finds ``name`` in
+    the flag table compiled into jaxlib (a byte search of its shared library: nothing is imported
+    or initialised). ``name`` is given without the leading dashes, e.g. ``"xla_cpu_use_xnnpack"``.
+    """
+    if name not in _XLA_FLAG_CACHE:
+        import mmap
+
+        needle = name.encode()
+        found = False
+        for path in _jaxlib_binaries():
+            try:
+                with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    found = m.find(needle) >= 0
+            except (OSError, ValueError):
+                continue
+            if found:
+                break
+        _XLA_FLAG_CACHE[name] = found
+    return _XLA_FLAG_CACHE[name]
+
+
+def jax_cpu_devices(n: int, *, collective_timeout_s: float = 120.0):
     """Give JAX ``n`` simulated CPU devices and return them (a list of ``n`` devices).
 
     Must run before JAX executes anything in this process (JAX fixes its devices on first use). On
     JAX >= 0.4.38 this sets ``jax_num_cpu_devices``; older versions read
     ``--xla_force_host_platform_device_count`` from ``XLA_FLAGS``, which is set too.
 
+    Collectives between simulated devices never hang silently: when a collective's rendezvous waits
+    more than ``collective_timeout_s`` seconds for one of the devices, XLA prints which collective and
+    how many of the ``n`` devices arrived, with every thread's stack, and ends the process (a
+    notebook kernel dies with that message in its log, a test fails) -- XLA cannot raise a Python
+    exception there, since the computation is half run. A warning with the stacks comes after a
+    quarter of that time. The flags doing this (and the others below) are only set when the
+    installed XLA knows them (:func:`xla_flag_known`), so older or newer jaxlib never aborts on an
+    unknown flag; flags the caller already put in ``XLA_FLAGS`` are kept.
+
+    With more simulated devices than cores, XLA:CPU (jaxlib 0.10) was seen to deadlock in a
+    collective, about once per few thousand (4 devices, with XNNPACK) to ten thousand (8 devices)
+    calls: one device's computation never started while the others waited for it in the rendezvous.
+    XLA runs each device's computation as a task on a thread pool of exactly ``max(cores, n)``
+    threads, and a participant waiting in a rendezvous blocks its thread, so one stray task on that
+    pool (XNNPACK's parallel loops, a host transfer) is enough to leave the last participant queued
+    with no thread to run it. So when ``n`` exceeds the core count this also turns XNNPACK off and
+    sizes XLA's pools to ``n + 2`` threads (``NPROC``, read by XLA, unless already set); neither
+    changes results, only which kernels and threads compute them.
+
     Raises:
         RuntimeError: JAX was already initialised with fewer than ``n`` CPU devices (restart the
             kernel and call this first).
+        ValueError: ``collective_timeout_s`` is not a positive number of seconds.
     """
     _check_world_size(n)
+    if isinstance(collective_timeout_s, bool) or not isinstance(collective_timeout_s, (int, float)) \
+            or collective_timeout_s < 1:
+        raise ValueError(f"collective_timeout_s must be a number of seconds >= 1, got {collective_timeout_s!r}")
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     flags.append(f"--xla_force_host_platform_device_count={n}")
-    if n > (os.cpu_count() or 1) and not any("xla_cpu_use_xnnpack" in f for f in flags):
-        # With more simulated devices than cores, XLA:CPU (jaxlib 0.10) can deadlock in a collective:
-        # one device's computation never starts while the others wait for it in the rendezvous
-        # (measured here: 4 devices on 2 cores, pmean in shard_map, about one hang per few thousand
-        # calls). Turning off the XNNPACK kernels, which share a small thread pool, made 35,000 such
-        # calls run without a hang. It only changes which CPU kernels run, never results.
-        flags.append("--xla_cpu_use_xnnpack=false")
+
+    def add(name: str, value) -> None:
+        if not any(f.lstrip("-").split("=")[0] == name for f in flags) and xla_flag_known(name):
+            flags.append(f"--{name}={value}")
+
+    timeout = max(1, int(round(collective_timeout_s)))
+    add("xla_cpu_collective_call_terminate_timeout_seconds", timeout)
+    add("xla_cpu_collective_call_warn_stuck_timeout_seconds", max(1, timeout // 4))
+    if n > (os.cpu_count() or 1):
+        add("xla_cpu_use_xnnpack", "false")
+        os.environ.setdefault("NPROC", str(n + 2))  # XLA:CPU's pool size: slack beyond one thread per device
     os.environ["XLA_FLAGS"] = " ".join(flags)
     import jax
 

@@ -395,6 +395,55 @@ def test_comm_launched_during_backward(cluster):
     assert all(e["bytes_sent"] > 0 for e in comm)
 
 
+def grad_views_run(rank, world_size):
+    """Where the buckets and the gradients live, after backward with both kinds of zero_grad."""
+    import torch.nn.functional as F
+
+    from course_lib.data_parallel import BucketedDDP
+    from course_lib.models import TinyMLP
+
+    torch.manual_seed(0)
+    model = TinyMLP(16, 32, 1, 3)
+    ddp = BucketedDDP(model, bucket_cap_bytes=2048)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    (buf,) = ddp.grad_buffers
+    base = buf.untyped_storage().data_ptr()
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+    out = {"n_buckets": len(ddp.buckets),
+           "buf_numel": buf.numel(),
+           "bucket_storage": [b.flat.untyped_storage().data_ptr() == base for b in ddp.buckets],
+           # the buckets tile the buffer back to back: start offsets and lengths
+           "bucket_spans": [(b.flat.storage_offset(), b.flat.numel()) for b in ddp.buckets],
+           "grads": {}}
+    for how in ("set_to_none", "zero_"):
+        grads_ptr = []
+        for _ in range(2):
+            opt.zero_grad(set_to_none=how == "set_to_none")
+            F.mse_loss(ddp(x), y).backward()
+            opt.step()
+            grads_ptr.append([p.grad.data_ptr() for p in model.parameters()])
+        out["grads"][how] = {
+            "in_buffer": all(p.grad.untyped_storage().data_ptr() == base and lo <= p.grad.data_ptr() < hi
+                             for p in model.parameters()),
+            "same_memory_each_step": grads_ptr[0] == grads_ptr[1],
+        }
+    return out
+
+
+def test_gradients_are_views_into_one_flat_buffer(cluster):
+    out = cluster.run(grad_views_run)[0]
+    assert out["n_buckets"] > 1, "the test wants several buckets"
+    assert all(out["bucket_storage"]), "every bucket must be a view into the one flat gradient buffer"
+    spans = out["bucket_spans"]
+    assert spans[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:])), (
+        f"buckets must tile the buffer back to back, got (offset, numel) = {spans}")
+    assert spans[-1][0] + spans[-1][1] == out["buf_numel"]
+    for how, g in out["grads"].items():
+        assert g["in_buffer"], f"after backward (zero_grad {how}) every .grad must be a view into the buffer"
+        assert g["same_memory_each_step"], f"zero_grad {how}: .grad must reuse the buffer every step"
+
+
 # ------------------------------------------------------------------------------------ bad inputs
 def bad_inputs(rank, world_size):
     from course_lib.data_parallel import BucketedDDP, NaiveDDP

@@ -335,3 +335,48 @@ def test_jax_cpu_devices_in_a_fresh_process():
     assert lines[0] == "8 8 3.0"
     assert lines[1] == "4"
     assert lines[2].startswith("ERR JAX is already initialised with 8 CPU device(s) but 16 were asked for")
+
+
+def test_xla_flags_only_when_the_installed_xla_knows_them():
+    from course_lib.launch import xla_flag_known
+
+    assert xla_flag_known("xla_force_host_platform_device_count")
+    assert not xla_flag_known("xla_cpu_flag_that_no_xla_has_h4c")
+    # an XLA that knows none of the optional flags (an older jaxlib) gets only the device count
+    code = textwrap.dedent("""
+        import os
+        import course_lib.launch as L
+        L.xla_flag_known = lambda name: False
+        devs = L.jax_cpu_devices(4)
+        print(len(devs), os.environ["XLA_FLAGS"])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "XLA_FLAGS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["4", "--xla_force_host_platform_device_count=4"], proc.stdout
+
+
+def test_jax_collective_that_waits_too_long_ends_with_a_message():
+    # device 0 reaches the psum 60 s late: a stand-in for a participant that never starts
+    code = textwrap.dedent("""
+        import time
+        import numpy as np
+        from course_lib.launch import jax_cpu_devices
+        devs = jax_cpu_devices(4, collective_timeout_s=2)
+        import jax, jax.numpy as jnp
+        from jax.sharding import Mesh, PartitionSpec as P
+        def late(i):
+            if int(i) == 0:
+                time.sleep(60)
+            return np.float32(0)
+        def body(x):
+            y = jax.pure_callback(late, jax.ShapeDtypeStruct((), jnp.float32), jax.lax.axis_index("i"))
+            return jax.lax.psum(x + y, "i")
+        f = jax.jit(jax.shard_map(body, mesh=Mesh(devs, ("i",)), in_specs=P("i"), out_specs=P("i")))
+        print(f(jnp.ones(4)))
+    """)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=REPO)
+    assert proc.returncode != 0, "the late device should have ended the run, not let it finish"
+    assert time.monotonic() - t0 < 50
+    assert "Termination timeout" in proc.stderr and "Expected 4 threads to join" in proc.stderr, proc.stderr[-2000:]
