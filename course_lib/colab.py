@@ -1,0 +1,265 @@
+"""Google Colab: where the course is installed from, its set-up cell and its "Open in Colab" badge.
+
+One place defines the repository and branch (:data:`REPOSITORY`, :data:`BRANCH`); the badge of every
+lecture notebook and solution and its Colab set-up cell are written from them by::
+
+    python -m course_lib.colab sync [--check] [--repo DIR]
+
+which also writes the index page ``START_HERE.ipynb`` that ``make lab`` opens. ``--check`` writes
+nothing and exits 1 listing the notebooks that disagree (``tests/test_colab.py`` runs it).
+Exercises are generated from solutions (``python -m course_lib.grading build``), so they follow.
+
+The set-up cell (tags ``nbval-skip`` and ``colab-setup``) does nothing outside Colab. On Colab it
+installs the course with ``pip install --no-deps`` and then only the runtime requirements that Colab
+lacks or has older than the floor (:func:`install_missing`): Colab's own torch, jax, matplotlib and
+ipywidgets stay, and no extra (JupyterLab, test tools) is pulled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["REPOSITORY", "BRANCH", "DISTRIBUTION", "SETUP_TAGS", "install_source", "badge_url",
+           "badge_markdown", "setup_cell_source", "install_missing", "sync"]
+
+REPOSITORY = "https://github.com/dist-dl-course/dist-dl-course"
+BRANCH = "main"
+DISTRIBUTION = "course-lib"
+SETUP_TAGS = ["nbval-skip", "colab-setup"]
+INDEX = "START_HERE.ipynb"
+
+_BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
+_BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+_REQ_RE = re.compile(r"([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*>=\s*([0-9][0-9.]*)")
+
+
+def install_source(repository: str = REPOSITORY, branch: str = BRANCH) -> str:
+    """The pip requirement the set-up cell installs: ``course-lib @ git+<repository>@<branch>``."""
+    return f"{DISTRIBUTION} @ git+{repository}@{branch}"
+
+
+def badge_url(path: str, repository: str = REPOSITORY, branch: str = BRANCH) -> str:
+    """Colab's URL that opens ``path`` (relative to the repository root) from GitHub."""
+    m = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", repository)
+    if not m:
+        raise ValueError(f"REPOSITORY must be https://github.com/OWNER/NAME, got {repository!r}")
+    return f"https://colab.research.google.com/github/{m[1]}/{m[2]}/blob/{branch}/{path}"
+
+
+def badge_markdown(path: str) -> str:
+    """The markdown of the "Open in Colab" badge for ``path`` (relative to the repository root)."""
+    return f"[![Open In Colab]({_BADGE_IMG})]({badge_url(path)})"
+
+
+def setup_cell_source() -> str:
+    """The source of the Colab set-up cell, the same in every notebook."""
+    return (
+        "import sys\n"
+        'if "google.colab" in sys.modules:  # on Colab: install the course library (nbval skips this cell)\n'
+        f'    !pip install -q --no-deps "{install_source()}"\n'
+        "    from course_lib.colab import install_missing\n"
+        "    install_missing()  # only what Colab lacks: its torch, jax, ipywidgets stay")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(x) for x in m.group(0).split(".")) if m else ()
+
+
+def _runtime_requirements(dist: str) -> list[tuple[str, str]]:
+    """``(name, floor)`` of ``dist``'s runtime requirements (no extras)."""
+    out = []
+    for req in md.requires(dist) or []:
+        spec, _, marker = req.partition(";")
+        if "extra" in marker:
+            continue
+        m = _REQ_RE.fullmatch(spec.strip())
+        if not m:
+            raise ValueError(f"{dist} requires {req!r}; expected the form name>=version")
+        out.append((m[1], m[3]))
+    return out
+
+
+def install_missing(dist: str = DISTRIBUTION, dry_run: bool = False) -> list[str]:
+    """pip-install the runtime requirements of ``dist`` that are missing or older than their floor.
+
+    Returns the requirements installed (or, with ``dry_run``, that would be). Already installed
+    packages at or above their floor are left alone. If an upgraded package was already imported
+    in this process, a note asks to restart the runtime.
+    """
+    todo, present = [], []
+    for name, floor in _runtime_requirements(dist):
+        try:
+            have = md.version(name)
+        except md.PackageNotFoundError:
+            todo.append(f"{name}>={floor}")
+            continue
+        if _version_tuple(have) < _version_tuple(floor):
+            todo.append(f"{name}>={floor}")
+        else:
+            present.append(f"{name} {have}")
+    print(f"{dist}: already here: {', '.join(present) or 'nothing'}")
+    if not todo:
+        return []
+    print(f"{dist}: installing {' '.join(todo)}")
+    if not dry_run:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *todo], check=True)
+        loaded = [r for r in todo if _REQ_RE.fullmatch(r)[1].replace("-", "_") in sys.modules]
+        if loaded:
+            print(f"{dist}: {', '.join(loaded)} upgraded after being imported: restart the runtime "
+                  "(Runtime > Restart session) and run the notebook again")
+    return todo
+
+
+# ------------------------------------------------------------------------------ the repository's notebooks
+
+def _course_notebooks(repo: Path) -> list[Path]:
+    return sorted([*(repo / "notebooks").glob("[0-9]*.ipynb"), *(repo / "solutions").glob("[0-9]*.ipynb")])
+
+
+def _badge_path(nb_path: Path, repo: Path) -> str:
+    """Solutions open their exercise in Colab (what a learner gets); lectures open themselves."""
+    rel = nb_path.relative_to(repo).as_posix()
+    return "exercises/" + nb_path.name if rel.startswith("solutions/") else rel
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _synced(nb: dict, badge: str) -> tuple[dict, list[str]]:
+    """``nb`` with the badge and set-up cell as defined here; and what had to change."""
+    changes = []
+    cells = nb["cells"]
+    md_idx = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
+    if md_idx is None:
+        raise ValueError("no markdown cell for the title and badge")
+    first = _source(cells[md_idx])
+    if _BADGE_RE.search(first):
+        new = _BADGE_RE.sub(lambda _: badge, first, count=1)
+    else:  # after the title line
+        lines = first.split("\n")
+        new = "\n".join([lines[0], "", badge, *lines[1:]])
+    if new != first:
+        cells[md_idx]["source"] = new
+        changes.append("badge")
+    setup = [c for c in cells if c["cell_type"] == "code" and "colab-setup" in c.get("metadata", {}).get("tags", [])]
+    want = setup_cell_source()
+    if len(setup) > 1:
+        raise ValueError("more than one cell tagged colab-setup")
+    if not setup:
+        cell = {"cell_type": "code", "execution_count": None, "id": "colab-setup",
+                "metadata": {"tags": list(SETUP_TAGS)}, "outputs": [], "source": want}
+        if nb.get("nbformat_minor", 0) < 5:
+            del cell["id"]
+        cells.insert(md_idx + 1, cell)
+        changes.append("set-up cell added")
+    else:
+        cell = setup[0]
+        tags = cell["metadata"].setdefault("tags", [])
+        if _source(cell) != want or any(t not in tags for t in SETUP_TAGS):
+            cell["source"] = want
+            tags.extend(t for t in SETUP_TAGS if t not in tags)
+            changes.append("set-up cell")
+    return nb, changes
+
+
+def _title(nb: dict) -> str:
+    for c in nb["cells"]:
+        if c["cell_type"] == "markdown":
+            for line in _source(c).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return "(untitled)"
+
+
+def index_notebook(repo: Path) -> dict:
+    """The index page: every lecture with its exercise, as a markdown-only notebook."""
+    rows = []
+    for lec in sorted((repo / "notebooks").glob("[0-9]*.ipynb")):
+        title = _title(json.loads(lec.read_text(encoding="utf-8")))
+        ex = repo / "exercises" / lec.name
+        ex_link = f"[exercise](exercises/{lec.name})" if ex.is_file() else "—"
+        rows.append(f"| [{title.replace('|', '/')}](notebooks/{lec.name}) | {ex_link} |")
+    text = "\n".join([
+        "# Distributed Deep Learning, hands-on: start here",
+        "",
+        "Open a lecture (click its name), run it top to bottom (**Run > Run All Cells**), then do its",
+        "exercise: write your code where it says `# YOUR CODE HERE` and run the check cells below it.",
+        "Every lecture runs in about a minute on 2 CPU cores. Grade an exercise yourself with",
+        "`python -m course_lib.grading grade exercises/NN_topic.ipynb` in a terminal.",
+        "",
+        "| lecture | exercise |",
+        "| --- | --- |",
+        *rows,
+        "",
+        "This page is written by `python -m course_lib.colab sync`; do not edit it by hand.",
+    ])
+    return {"cells": [{"cell_type": "markdown", "id": "index", "metadata": {}, "source": text}],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                         "language_info": {"name": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def _dump(nb: dict) -> str:
+    """Text as Jupyter writes it (nbformat: sorted keys, one-space indent, sources as line lists)."""
+    import nbformat
+
+    return nbformat.writes(nbformat.from_dict(nb)) + "\n"
+
+
+def sync(repo: str | Path = ".", check: bool = False) -> list[str]:
+    """Write the badge and set-up cell into every lecture and solution, and the index page.
+
+    Returns one line per file that changed (with ``check``: that would change; nothing is written).
+    Only the badge, the set-up cell and the index are touched; cell ids and outputs stay.
+    """
+    repo = Path(repo)
+    if not (repo / "notebooks").is_dir():
+        raise FileNotFoundError(f"{repo}: no notebooks/ folder; pass --repo with the course repository")
+    changed = []
+    for path in _course_notebooks(repo):
+        nb, what = _synced(json.loads(path.read_text(encoding="utf-8")), badge_markdown(_badge_path(path, repo)))
+        if what:
+            changed.append(f"{path.relative_to(repo)}: {', '.join(what)}")
+            if not check:
+                path.write_text(_dump(nb), encoding="utf-8")
+    index = repo / INDEX
+    want = _dump(index_notebook(repo))
+    if not index.is_file() or index.read_text(encoding="utf-8") != want:
+        changed.append(f"{INDEX}: index")
+        if not check:
+            index.write_text(want, encoding="utf-8")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m course_lib.colab", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sync", help="write the Colab badge + set-up cell into notebooks/ and solutions/, "
+                                    "and the index page")
+    s.add_argument("--repo", default=".", help="the course repository (default: the current folder)")
+    s.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything is out of date")
+    args = p.parse_args(argv)
+    try:
+        changed = sync(args.repo, check=args.check)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for line in changed:
+        print(("out of date: " if args.check else "wrote ") + line)
+    if args.check and changed:
+        print("run `python -m course_lib.colab sync`, then `python -m course_lib.grading build`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
