@@ -13,6 +13,8 @@ function                          algorithm                              product
                                                                          ``dist.all_gather_into_tensor``
 ``ring_all_reduce``               ring reduce-scatter, then ring         ``dist.all_reduce``
                                   all-gather
+``plain_ring_all_reduce``         the same ring, one whole chunk per     ``dist.all_reduce``
+                                  step (the shortest version to read)
 ``all_to_all``                    N-1 pairwise exchange steps            ``dist.all_to_all``
 ================================  =====================================  ============================
 
@@ -61,6 +63,7 @@ __all__ = [
     "ring_reduce_scatter",
     "ring_all_gather",
     "ring_all_reduce",
+    "plain_ring_all_reduce",
     "all_to_all",
     "ring_all_reduce_bytes",
     "naive_all_reduce_bytes",
@@ -142,11 +145,18 @@ def _check_list(ts, n: int, what: str, dtype=None) -> None:
 class _Group:
     """This rank's view of a process group: its rank, the size, and group rank -> global rank."""
 
-    def __init__(self, group) -> None:
+    def __init__(self, group, transport=None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised; call "
                                "dist.init_process_group (course_lib.launch does it for you)")
         self.group = group
+        # Point-to-point goes through ``transport`` (anything with torch.distributed's isend/irecv
+        # signature, e.g. course_lib.netem.PacedTransport); torch.distributed itself by default.
+        self.transport = dist if transport is None else transport
+        for name in ("isend", "irecv"):
+            if not callable(getattr(self.transport, name, None)):
+                raise TypeError(f"transport must have isend(tensor, dst, group=, tag=) and irecv(tensor, "
+                                f"src, group=, tag=) like torch.distributed; {transport!r} has no {name}")
         self.rank = dist.get_rank(group)
         if self.rank < 0:
             raise ValueError("this process is not a member of the given process group; only "
@@ -164,10 +174,10 @@ class _Group:
         return (self.rank - 1) % self.size
 
     def isend(self, t: torch.Tensor, dst: int, tag: int = 0):
-        return dist.isend(t, self.global_ranks[dst], group=self.group, tag=tag)
+        return self.transport.isend(t, self.global_ranks[dst], group=self.group, tag=tag)
 
     def irecv(self, t: torch.Tensor, src: int, tag: int = 0):
-        return dist.irecv(t, self.global_ranks[src], group=self.group, tag=tag)
+        return self.transport.irecv(t, self.global_ranks[src], group=self.group, tag=tag)
 
 
 # Receive buffers are reused between calls: a fresh multi-megabyte tensor costs a page fault per
@@ -233,13 +243,16 @@ def _finish_avg(t: torch.Tensor, world_size: int) -> None:
 # ------------------------------------------------------------------------------------------
 # naive all-reduce: the O(N) root bottleneck
 # ------------------------------------------------------------------------------------------
-def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0) -> torch.Tensor:
+def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0, *,
+                     transport=None) -> torch.Tensor:
     """All-reduce through one root rank: gather to ``root``, sum there, send the result back.
 
     Args:
         tensor: this rank's contribution, any shape; overwritten with the result (in place).
         op: ``"sum"`` or ``"avg"``.
         group: process group (``None`` = default group); ``root`` is a rank *in that group*.
+        transport: what carries the point-to-point messages (``None``: ``torch.distributed``);
+            see :class:`course_lib.netem.PacedTransport`.
 
     Returns:
         ``tensor``. The root sends and receives ``(N-1) * nbytes``, every other rank ``nbytes``:
@@ -248,7 +261,7 @@ def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0) 
     op = _parse_op(op)
     _check_tensor(tensor)
     _check_avg(tensor, op)
-    g = _Group(group)
+    g = _Group(group, transport)
     if not 0 <= root < g.size:
         raise ValueError(f"root={root} is not a rank of the group (world_size={g.size})")
     rec = trace.current()
@@ -281,6 +294,39 @@ def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0) 
                       peer=g.global_ranks[root])
     elif op == "avg":
         _finish_avg(tensor, g.size)
+    return tensor
+
+
+# ------------------------------------------------------------------------------------------
+# the plain ring: one whole chunk per step, the algorithm and nothing else
+# ------------------------------------------------------------------------------------------
+def plain_ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *, transport=None) -> torch.Tensor:
+    """Ring all-reduce in place, in its plainest form: 2(N-1) steps, one whole chunk per step.
+
+    The flat tensor is cut into N chunks (``chunk_bounds``). In step t rank r sends chunk
+    (r - t - 1) mod N to rank r+1 and receives chunk (r - t - 2) mod N from rank r-1: in the N-1
+    reduce-scatter steps it *adds* what it receives (after them rank r holds the full sum of chunk
+    r), in the N-1 all-gather steps it *copies* it. Patarasuk & Yuan, JPDC 2009, Sec. 3.
+    Same result and arguments as :func:`ring_all_reduce` (which adds pipelining, tracing hooks and
+    the step hook); ``op`` is ``"sum"`` or ``"avg"``.
+    """
+    op = _parse_op(op)
+    _check_tensor(tensor)
+    _check_avg(tensor, op)
+    g = _Group(group, transport)
+    N, r, flat, rec = g.size, g.rank, tensor.view(-1), trace.current()
+    bounds = chunk_bounds(flat.numel(), N)
+    buf = _scratch(max(hi - lo for lo, hi in bounds), flat.dtype)
+    for t in range(2 * (N - 1)):
+        s_lo, s_hi = bounds[(r - t - 1) % N]  # the chunk we pass on ...
+        r_lo, r_hi = bounds[(r - t - 2) % N]  # ... and the one we get from the left
+        reduce = t < N - 1  # reduce-scatter: add what arrives; all-gather: receive in place
+        got = buf[:r_hi - r_lo] if reduce else flat[r_lo:r_hi]
+        _exchange(g, flat[s_lo:s_hi], g.right(), got, g.left(), f"plain_ring/step {t}", rec)
+        if reduce:
+            flat[r_lo:r_hi].add_(got)
+    if op == "avg":
+        _finish_avg(tensor, N)
     return tensor
 
 
@@ -346,11 +392,18 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
     scratch = _scratch(2 * max_chunk, flat.dtype)
     bufs = [scratch[:max_chunk], scratch[max_chunk:]]
 
+    def in_place(t):
+        # A copying step may receive straight into ``flat`` (saving a copy of every byte) when
+        # nothing else touches that chunk meanwhile: the chunk received in step t is the one
+        # sent in step t+2, which is the chunk still being sent in step t (posted earlier) only
+        # when N = 2; and a step hook must not see the next step's data arrive early.
+        return t >= n_reduce and N > 2 and hook is None
+
     def post_recvs(t):
         lo, buf = bounds[recv_chunk(t)][0], bufs[t % 2]
-        return [(a, b, buf[a - lo:b - lo],
-                 g.irecv(buf[a - lo:b - lo], g.left(), tag=t * _MAX_PIECES + k))
-                for k, (a, b) in enumerate(pieces(recv_chunk(t)))]
+        return [(a, b, dst, g.irecv(dst, g.left(), tag=t * _MAX_PIECES + k))
+                for k, (a, b) in enumerate(pieces(recv_chunk(t)))
+                for dst in [flat[a:b] if in_place(t) else buf[a - lo:b - lo]]]
 
     def post_send(t, k, a, b):
         # A distinct tag per (step, piece) makes matching independent of how far ahead a fast
@@ -369,7 +422,7 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
                 flat[a:b].add_(buf)  # accumulate in the tensor's dtype, as gloo does
                 if t == n_reduce - 1 and finish is not None:
                     finish(flat[a:b])
-            else:
+            elif not in_place(t):
                 flat[a:b].copy_(buf)
             if t + 1 < n_steps:  # forward this piece at once: it is what step t+1 sends
                 next_sends.append(post_send(t + 1, k, a, b))
@@ -387,14 +440,18 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
 
 
 # Pieces of about this many bytes are pipelined through the ring (0: one message per chunk).
-# 1 MiB is large enough that per-message overhead (tens of microseconds on gloo/TCP) is negligible
-# and small enough that the addition of one piece overlaps the arrival of the next.
-DEFAULT_PIPELINE_BYTES = 1 << 20
+# Chosen by measurement (benchmarks/bench_collectives.py, 2-4 ranks, 1-64 MB, gloo over loopback on
+# 2 cores): a point-to-point message costs 0.25-0.5 ms with 2 ranks and about 2 ms with 4 ranks on
+# 2 cores (a waiting rank must be scheduled again), while the additions that pipelining overlaps
+# take about 2% of the time (the rest is moving bytes through TCP). Pieces cost more than they
+# save here, so the default sends each chunk whole. On a real network with a separate NIC, pieces
+# pay off (NCCL pipelines slices through its rings): pass pipeline_bytes explicitly.
+DEFAULT_PIPELINE_BYTES = 0
 
 
 def ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *,
                     step_hook: StepHook | None = None,
-                    pipeline_bytes: int = DEFAULT_PIPELINE_BYTES) -> torch.Tensor:
+                    pipeline_bytes: int = DEFAULT_PIPELINE_BYTES, transport=None) -> torch.Tensor:
     """Ring all-reduce in place: a ring reduce-scatter followed by a ring all-gather.
 
     Args:
@@ -406,6 +463,7 @@ def ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *,
             the flat view of ``tensor`` (for teaching: snapshot it with ``flat.clone()``).
         pipeline_bytes: split each step's chunk into pieces of about this size so that adding
             one piece overlaps receiving the next; 0 sends each chunk as one message.
+        transport: what carries the point-to-point messages (``None``: ``torch.distributed``).
 
     Returns:
         ``tensor``. Each rank sends and receives 2 (N-1)/N of the tensor's bytes in 2 (N-1) steps
@@ -416,7 +474,7 @@ def ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *,
     op = _parse_op(op)
     _check_tensor(tensor)
     _check_avg(tensor, op)
-    g = _Group(group)
+    g = _Group(group, transport)
     flat = tensor.view(-1)
     bounds = chunk_bounds(flat.numel(), g.size)
     rec = trace.current()
@@ -430,7 +488,8 @@ def ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *,
 
 
 def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
-                        pipeline_bytes: int = DEFAULT_PIPELINE_BYTES) -> torch.Tensor:
+                        pipeline_bytes: int = DEFAULT_PIPELINE_BYTES,
+                        transport=None) -> torch.Tensor:
     """Ring reduce-scatter: rank r ends with the reduction over ranks of input chunk r.
 
     Args:
@@ -443,6 +502,7 @@ def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
             rank's chunk length). ``input`` is not modified.
         op: ``"sum"`` or ``"avg"``.
         group: process group (``None`` = default group).
+        pipeline_bytes, transport: as in :func:`ring_all_reduce`.
 
     Returns:
         ``output``. Each rank sends and receives (N-1)/N of the input's bytes.
@@ -450,7 +510,7 @@ def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
     op = _parse_op(op)
     _check_tensor(output, "output")
     _check_avg(output, op)
-    g = _Group(group)
+    g = _Group(group, transport)
     if isinstance(input, torch.Tensor):
         _check_tensor(input, "input")
         flat = input.reshape(-1).clone()  # work on a copy: torch leaves the input untouched too
@@ -481,7 +541,7 @@ def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
 
 
 def ring_all_gather(output, input: torch.Tensor, group=None, *,
-                    pipeline_bytes: int = DEFAULT_PIPELINE_BYTES):
+                    pipeline_bytes: int = DEFAULT_PIPELINE_BYTES, transport=None):
     """Ring all-gather: every rank ends with every rank's ``input``.
 
     Args:
@@ -492,12 +552,13 @@ def ring_all_gather(output, input: torch.Tensor, group=None, *,
             (``dist.all_gather_into_tensor`` semantics when the length divides).
         input: this rank's contribution (not modified).
         group: process group (``None`` = default group).
+        pipeline_bytes, transport: as in :func:`ring_all_reduce`.
 
     Returns:
         ``output``. Each rank sends and receives (N-1)/N of the output's bytes.
     """
     _check_tensor(input, "input")
-    g = _Group(group)
+    g = _Group(group, transport)
     if isinstance(output, torch.Tensor):
         _check_tensor(output, "output")
         flat = output.view(-1)
@@ -527,7 +588,7 @@ def ring_all_gather(output, input: torch.Tensor, group=None, *,
 
 
 def all_to_all(output_list: Sequence[torch.Tensor], input_list: Sequence[torch.Tensor],
-               group=None) -> Sequence[torch.Tensor]:
+               group=None, *, transport=None) -> Sequence[torch.Tensor]:
     """All-to-all: rank r sends ``input_list[j]`` to rank j, which stores it in ``output_list[r]``.
 
     Pairwise exchange (Thakur et al. 2005, Sec. 4.5): in step s (1 <= s < N) rank r sends to
@@ -538,7 +599,7 @@ def all_to_all(output_list: Sequence[torch.Tensor], input_list: Sequence[torch.T
     Returns:
         ``output_list``, filled in place. Each rank sends everything except its own block.
     """
-    g = _Group(group)
+    g = _Group(group, transport)
     _check_list(output_list, g.size, "output_list")
     _check_list(input_list, g.size, "input_list", dtype=output_list[0].dtype if output_list else None)
     r, N = g.rank, g.size

@@ -162,12 +162,15 @@ class Cluster:
         threads: ``torch.set_num_threads`` in every rank (1 avoids oversubscribing a laptop).
         output: ``"ordered"`` prints each call's rank output after the call, rank by rank (reads well,
             deterministic); ``"live"`` prints lines as they arrive.
+        network: ``None`` (loopback) or a :class:`course_lib.netem.Link`: every rank then runs in its
+            own Linux network namespace behind a link shaped to that bandwidth
+            (:class:`course_lib.netem.NamespaceNetwork`; needs root, ``ip`` and ``tc``).
 
     Use as a context manager; the workers are also stopped at interpreter exit.
     """
 
     def __init__(self, world_size: int, backend: str | None = None, timeout: float = 120.0,
-                 threads: int = 1, output: str = "ordered"):
+                 threads: int = 1, output: str = "ordered", network=None):
         self.world_size = _check_world_size(world_size)
         self.backend = _resolve_backend(backend, self.world_size)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -176,6 +179,12 @@ class Cluster:
             raise ValueError(f"output must be 'ordered' or 'live', got {output!r}")
         if not (isinstance(threads, int) and threads >= 1):
             raise ValueError(f"threads must be a positive int, got {threads!r}")
+        if network is not None:
+            from course_lib.netem import Link
+            if not isinstance(network, Link):
+                raise TypeError(f"network must be None or a course_lib.netem.Link, got {network!r}")
+        self.network = network
+        self._net = None  # the NamespaceNetwork of the running workers
         self.timeout = float(timeout)
         self.threads = threads
         self.output = output
@@ -193,12 +202,19 @@ class Cluster:
         from datetime import timedelta
 
         pg_timeout = max(self.timeout, 30.0)
-        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size, True, wait_for_workers=False,
+        store_host, prefix = "127.0.0.1", (lambda r: [])
+        if self.network is not None:
+            from course_lib.netem import NamespaceNetwork
+            self._net = NamespaceNetwork(self.world_size, self.network)
+            store_host, prefix = self._net.host_ip, self._net.command_prefix
+        self._store = dist.TCPStore(store_host, 0, self.world_size, True, wait_for_workers=False,
                                     timeout=timedelta(seconds=pg_timeout))
         self._out = queue.Queue()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_PKG_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env and sys.platform.startswith("linux"):
+        if self._net is not None:
+            env["GLOO_SOCKET_IFNAME"] = self._net.ifname  # the rank's shaped link
+        elif self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env and sys.platform.startswith("linux"):
             env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on loopback: the virtual cluster is one machine
         env.setdefault("OMP_NUM_THREADS", str(self.threads))
         ranks = []
@@ -210,8 +226,8 @@ class Cluster:
                            COURSE_TASK_FD=str(task_r), COURSE_RESULT_FD=str(res_w),
                            COURSE_PARENT_PID=str(os.getpid()), COURSE_BACKEND=self.backend,
                            COURSE_THREADS=str(self.threads), COURSE_PG_TIMEOUT=str(pg_timeout),
-                           COURSE_STORE_HOST="127.0.0.1", COURSE_STORE_PORT=str(self._store.port))
-                proc = subprocess.Popen([sys.executable, "-u", "-m", "course_lib._worker"],
+                           COURSE_STORE_HOST=store_host, COURSE_STORE_PORT=str(self._store.port))
+                proc = subprocess.Popen(prefix(r) + [sys.executable, "-u", "-m", "course_lib._worker"],
                                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, pass_fds=(task_r, res_w))
                 os.close(task_r)
@@ -226,6 +242,7 @@ class Cluster:
             for rank in ranks:
                 rank.stop(kill=True)
             self._ranks = []
+            self._close_network()
             raise
         self.starts += 1
 
@@ -271,12 +288,19 @@ class Cluster:
             rank.stop(kill=True)  # no-op for a process that has exited; closes the pipes
         self._ranks = []
         self._store = None
+        self._close_network()
+
+    def _close_network(self) -> None:
+        if self._net is not None:
+            self._net.close()
+            self._net = None
 
     def _kill(self) -> None:
         for rank in self._ranks:
             rank.stop(kill=True)
         self._ranks = []
         self._store = None
+        self._close_network()
 
     def __enter__(self) -> "Cluster":
         return self

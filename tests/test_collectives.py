@@ -93,6 +93,8 @@ def all_reduce_worker(rank, world_size, impl, pipeline_bytes):
                         y = x.clone()
                         if impl == "ring":
                             out = C.ring_all_reduce(y, op, group=group, pipeline_bytes=pipeline_bytes)
+                        elif impl == "plain":
+                            out = C.plain_ring_all_reduce(y, op, group=group)
                         else:  # the last rank of the group as root: not rank 0, not global 0
                             out = C.naive_all_reduce(y, op, group=group, root=n_ranks - 1)
                         checked += 1
@@ -281,7 +283,7 @@ def bad_input_worker(rank, world_size):
 
 # ------------------------------------------------------------------ tests
 @pytest.mark.parametrize("impl,pipeline_bytes", [("ring", 0), ("ring", 64), ("ring", 1 << 20),
-                                                 ("naive", 0)])
+                                                 ("plain", 0), ("naive", 0)])
 def test_all_reduce_matches_torch(cluster, impl, pipeline_bytes):
     results = cluster.run(all_reduce_worker, impl, pipeline_bytes)
     failures = [f"rank {r}: {f}" for r, (fs, _) in enumerate(results) for f in fs]
@@ -373,3 +375,68 @@ def test_rank_error_surfaces_from_a_bad_call(cluster):
 
     with pytest.raises(RankError, match="contiguous"):
         cluster.run(bad)
+
+
+class CountingTransport:
+    """torch.distributed's isend/irecv, counting the messages and bytes that pass through it."""
+
+    def __init__(self):
+        self.sent, self.received, self.bytes_sent = 0, 0, 0
+
+    def isend(self, tensor, dst, group=None, tag=0):
+        import torch.distributed as dist
+        self.sent += 1
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        return dist.isend(tensor, dst, group=group, tag=tag)
+
+    def irecv(self, tensor, src, group=None, tag=0):
+        import torch.distributed as dist
+        self.received += 1
+        return dist.irecv(tensor, src, group=group, tag=tag)
+
+
+def transport_worker(rank, world_size, n):
+    """Every collective's messages go through the transport passed to it, and only through it."""
+    import torch.distributed as dist
+
+    out = {}
+    calls = {
+        "plain": lambda t, x: C.plain_ring_all_reduce(x, transport=t),
+        "ring": lambda t, x: C.ring_all_reduce(x, transport=t),
+        "naive": lambda t, x: C.naive_all_reduce(x, transport=t),
+        "reduce_scatter": lambda t, x: C.ring_reduce_scatter(torch.empty(n // world_size, dtype=x.dtype), x, transport=t),
+        "all_gather": lambda t, x: C.ring_all_gather(torch.empty(n * world_size, dtype=x.dtype), x, transport=t),
+        "all_to_all": lambda t, x: C.all_to_all(list(torch.empty(n, dtype=x.dtype).chunk(world_size)),
+                                                list(x.chunk(world_size)), transport=t),
+    }
+    for name, call in calls.items():
+        t = CountingTransport()
+        x = _data(rank, n, torch.float64, integer=True)
+        y = call(t, x.clone())
+        out[name] = (t.sent, t.received, t.bytes_sent)
+        if name in ("plain", "ring", "naive"):
+            ref = x.clone()
+            dist.all_reduce(ref)
+            out[name] += (torch.equal(y, ref),)
+    try:
+        C.ring_all_reduce(torch.ones(4), transport=object())
+        out["bad"] = None
+    except TypeError as e:
+        out["bad"] = str(e)
+    return out
+
+
+def test_collectives_send_through_the_given_transport(cluster):
+    n = 8 * WORLD
+    res = cluster.run(transport_worker, n)
+    for r, out in enumerate(res):
+        for name in ("plain", "ring"):
+            sent, recv, nbytes, equal = out[name]
+            assert equal, f"rank {r}: {name} with a transport differs from dist.all_reduce"
+            assert sent == recv == 2 * (WORLD - 1) and nbytes == C.ring_all_reduce_bytes(8 * n, WORLD), out[name]
+        sent, recv, nbytes, equal = out["naive"]
+        assert equal and (sent, recv) == ((WORLD - 1, WORLD - 1) if r == 0 else (1, 1)), out["naive"]
+        assert out["reduce_scatter"][:2] == (WORLD - 1, WORLD - 1)
+        assert out["all_gather"][:2] == (WORLD - 1, WORLD - 1)
+        assert out["all_to_all"][:2] == (WORLD - 1, WORLD - 1)
+        assert out["bad"] and "isend" in out["bad"], out["bad"]
