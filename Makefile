@@ -21,7 +21,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LAB_ROOT  ?= .
 LAB_FLAGS ?=
 
-.PHONY: lab lab-serve test test-lib test-notebooks wheel exercises colab-sync bench clean
+.PHONY: lab lab-serve test test-versions test-lib test-notebooks wheel exercises colab-sync bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,10 +56,35 @@ wheel: $(TEST_STAMP)
 	$(TBIN)/python -m pip install --quiet "$$(ls $(WHEEL_DIR)/*.whl)[lab,test]"
 	$(TBIN)/python -m pip install --quiet --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
 
-test: $(STAMP)
-	$(BIN)/python -m course_lib.grading build --check
-	$(BIN)/python -m pytest -q tests
-	$(BIN)/python -m pytest -q --nbval-lax --nbval-cell-timeout=600 notebooks
+# make test: the wheel is built and installed into $(TEST_VENV) (never the repository's source: `python -P`
+# keeps the current folder off sys.path), the lecture notebooks are copied into an empty folder and run
+# there by nbval next to the library, grader and browser tests, all in one pytest run on $(JOBS) workers.
+# It prints the slowest tests and the reason for every skipped one (a missing browser, no Slurm).
+TEST_RUN = build/test-run
+test: wheel
+	$(TBIN)/python -P -m course_lib.grading build --check
+	$(TBIN)/python -P -c "import course_lib, sys; p = course_lib.__file__; \
+	    sys.exit(0 if '/site-packages/' in p else f'make test: course_lib imported from {p}, not from the installed wheel')"
+	rm -rf $(TEST_RUN) && mkdir -p $(TEST_RUN)/notebooks && cp notebooks/*.ipynb $(TEST_RUN)/notebooks/
+	cd $(TEST_RUN) && $(TBIN)/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
+	    $(CURDIR)/tests notebooks
+
+# The supported-versions matrix (README "Supported versions"): the oldest torch/jax the package claims and
+# the newest this machine can install, each in its own build/venv-versions-<i> with the course's wheel;
+# library tests and lecture notebooks as in `make test`. Not part of `make test` or CI (README: how long).
+VERSION_SETS ?= "torch==2.13.0 jax[cpu]==0.8.2 jaxlib==0.8.2" "torch==2.14.1 jax[cpu]==0.10.2"
+test-versions: wheel
+	@i=0; for set in $(VERSION_SETS); do i=$$((i+1)); v=build/venv-versions-$$i; \
+	  echo "== test-versions $$i: $$set ($$v)"; \
+	  test -x $$v/bin/python || $(PYTHON) -m venv $$v || exit 1; \
+	  $$v/bin/python -m pip install --quiet $$set || exit 1; \
+	  $$v/bin/python -m pip install --quiet "$$(ls $(WHEEL_DIR)/*.whl)[lab,test]" $$set || exit 1; \
+	  $$v/bin/python -m pip install --quiet --force-reinstall --no-deps $(WHEEL_DIR)/*.whl || exit 1; \
+	  $$v/bin/python -P -c "import torch, jax; print('torch', torch.__version__, '| jax', jax.__version__)"; \
+	  rm -rf $$v-run && mkdir -p $$v-run/notebooks && cp notebooks/*.ipynb $$v-run/notebooks/; \
+	  (cd $$v-run && $(abspath .)/$$v/bin/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
+	      $(CURDIR)/tests notebooks) || exit 1; \
+	done
 
 # Quicker loops while developing, in .venv with the editable install.
 test-lib: $(STAMP)
