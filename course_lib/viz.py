@@ -139,7 +139,8 @@ def plot_rank_tensors(tensors, ax=None, title: str = "", highlight=None, fmt: st
 
 
 def plot_ring_steps(snapshots, chunk_bounds, fig=None, ncols: int = 4, fmt: str = "{:g}", log: bool = False,
-                    suptitle: str = "Ring all-reduce, step by step (recorded in a real run)"):
+                    suptitle: str = "Ring all-reduce, step by step (recorded in a real run)",
+                    colorbar: str | None = None):
     """One panel per ring step from recorded snapshots: rows = ranks, columns = elements.
 
     Args:
@@ -147,6 +148,8 @@ def plot_ring_steps(snapshots, chunk_bounds, fig=None, ncols: int = 4, fmt: str 
             after the step; ``received`` the set of ``(rank, element)`` cells written in that step
             (outlined in red). The first entry is usually the input (``received`` empty).
         chunk_bounds: the chunk boundaries, drawn as vertical lines.
+        colorbar: when given, one colour bar with this label for all panels (they share one
+            colour scale: the minimum and maximum over all snapshots).
 
     Returns:
         The Figure.
@@ -174,5 +177,7 @@ def plot_ring_steps(snapshots, chunk_bounds, fig=None, ncols: int = 4, fmt: str 
                           vmin=all_vals.min(), vmax=all_vals.max(), chunk_bounds=chunk_bounds, log=log)
         if k % ncols:
             ax.set_yticklabels([])
+    if colorbar is not None:
+        fig.colorbar(axes.flat[0].images[0], ax=axes, label=colorbar, shrink=0.9)
     fig.suptitle(suptitle)
     return fig

@@ -444,14 +444,16 @@ def ring_step_label(phase: str, step: int, world_size: int) -> str:
 
 
 def ring_step_through(snapshots, chunk_bounds=None, value: int = 0, log: bool = False,
-                      fmt: str = "{:g}", title: str = "") -> StepThrough:
+                      fmt: str = "{:g}", title: str = "",
+                      colorbar: str | None = "value") -> StepThrough:
     """Display a :class:`StepThrough` over recorded ring snapshots; returns it.
 
     ``snapshots`` has the format of :func:`course_lib.viz.plot_ring_steps`: a list of
     ``(label, per_rank, received)`` with ``per_rank[r]`` rank r's flat buffer after that state and
     ``received`` the ``(rank, element)`` cells written in it (outlined in red). Name the states with
     :func:`ring_step_label` ("input", "reduce-scatter 1/3", ...). All states share one colour scale
-    (the minimum and maximum over all snapshots), so colours compare across steps.
+    (the minimum and maximum over all snapshots), so colours compare across steps; ``colorbar``
+    labels the colour bar drawn beside every state (``None``: no colour bar).
     """
     import numpy as np
 
@@ -470,6 +472,9 @@ def ring_step_through(snapshots, chunk_bounds=None, value: int = 0, log: bool = 
         viz.plot_rank_tensors(per_rank, ax=ax, title=f"{label} (red: received in this step)",
                               highlight=received, fmt=fmt, vmin=lo, vmax=hi,
                               chunk_bounds=chunk_bounds, log=log)
+        if colorbar is not None:
+            ax.figure.colorbar(ax.images[0], ax=ax, label=colorbar)
 
     return step_through([lab for lab, _, _ in snapshots], draw, value=value, title=title,
-                        figsize=(0.6 * width + 2.0, 0.45 * n_ranks + 1.2))
+                        figsize=(0.6 * width + (3.2 if colorbar is not None else 2.0),
+                                 0.45 * n_ranks + 1.2))

@@ -221,3 +221,23 @@ def test_step_through_bad_input(call, match):
 
     with pytest.raises(ValueError, match=match):
         call(widgets)
+
+
+def test_ring_pictures_share_one_colour_scale_with_a_colour_bar():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib import viz
+    from course_lib.widgets import ring_step_through
+
+    snaps = [("input", [[1, 2], [10, 20]], set()),
+             ("reduce-scatter 1/1", [[11, 2], [10, 22]], {(0, 0), (1, 1)}),
+             ("all-gather 1/1", [[11, 22], [11, 22]], {(0, 1), (1, 0)})]
+    st = ring_step_through(snaps, chunk_bounds=[(0, 1), (1, 2)], colorbar="value")
+    heat, bar = st.figure.axes
+    assert bar.get_ylabel() == "value"
+    assert heat.images[0].get_clim() == (1.0, 22.0)  # min and max over all states, not this one
+    assert len(ring_step_through(snaps, colorbar=None).figure.axes) == 1
+    fig = viz.plot_ring_steps(snaps, [(0, 1), (1, 2)], ncols=3, colorbar="value")
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 3 and {ax.images[0].get_clim() for ax in panels} == {(1.0, 22.0)}
+    assert [ax.get_ylabel() for ax in fig.axes if not ax.images] == ["value"]
