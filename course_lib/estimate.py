@@ -22,7 +22,7 @@ Sources:
 * Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
   (arXiv:1910.02054), §3.1 and §5.1, Figure 1.
 * Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-  (arXiv:2205.05198), §4.1 (Eq. 1), §4.2 and Table 2.
+  (arXiv:2205.05198), §4.1 (Eq. 1), §4.2, §4.3 (output layer) and Table 2.
 * Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways" (arXiv:2204.02311),
   §4.1 and Table 3: model FLOPs utilization (MFU).
 """
@@ -408,6 +408,39 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
         split = key in _TP_SHARDED or key in _ATTENTION_CORE or sequence_parallel
         total += value / t if split else value
     return total
+
+
+def output_layer_activation_bytes(seq: int, micro_batch: int, hidden: int, vocab_size: int,
+                                  bytes_per_value: int = 2) -> int:
+    """Activation bytes the output layer of a GPT keeps for the backward (Korthikanti et al. §4.3).
+
+    ``p sbh`` (the final layer norm's input) + ``p sbh`` (the LM head's input, the layer norm's
+    output) + ``4 sbv`` (the logits' softmax, kept in fp32 by the cross-entropy whatever ``p``):
+    with ``p = 2`` this is the paper's ``4sbh (1 + v/h)``. ``v = vocab_size``; no tensor parallelism.
+    """
+    s, b, h, v = (_check_int(k, x) for k, x in (("seq", seq), ("micro_batch", micro_batch),
+                                                 ("hidden", hidden), ("vocab_size", vocab_size)))
+    p = _check_int("bytes_per_value", bytes_per_value)
+    return 2 * p * s * b * h + 4 * s * b * v
+
+
+def gpt_activation_bytes(n_layer: int, seq: int, micro_batch: int, hidden: int, heads: int,
+                         vocab_size: int, bytes_per_value: int = 2, dropout: bool = True,
+                         recompute: str = "none") -> float:
+    """Activation bytes a whole GPT keeps for the backward of one micro-batch (no parallelism).
+
+    ``n_layer`` times :func:`activation_bytes_per_layer` (Korthikanti et al. Table 2, first row,
+    ``sbh (34 + 5as/h)`` per layer for ``p = 2`` with dropout) plus
+    :func:`output_layer_activation_bytes` (§4.3). Linear in ``micro_batch``: ``k`` micro-batches
+    whose graphs are alive together (e.g. their losses summed before one backward) keep ``k`` times
+    this, while gradient accumulation (one backward per micro-batch) keeps it once. Embedding
+    activations (the token ids) are left out, as in the paper.
+    """
+    per_layer = activation_bytes_per_layer(seq, micro_batch, hidden, heads,
+                                           bytes_per_value=bytes_per_value, dropout=dropout,
+                                           recompute=recompute)
+    return (_check_int("n_layer", n_layer) * per_layer
+            + output_layer_activation_bytes(seq, micro_batch, hidden, vocab_size, bytes_per_value))
 
 
 # --------------------------------------------------------------------------- the whole picture

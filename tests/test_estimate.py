@@ -353,3 +353,32 @@ def test_training_seconds_simple_and_bad_input():
                                            (90, "1.5 minutes"), (0.5, "0.5 s")])
 def test_human_duration(seconds, text):
     assert E.human_duration(seconds) == text
+
+
+def test_output_layer_is_4sbh_times_1_plus_v_over_h():
+    s, b, h, v = 16, 3, 32, 96
+    assert E.output_layer_activation_bytes(s, b, h, v) == 4 * s * b * h * (1 + v / h)   # §4.3, p=2
+    assert E.output_layer_activation_bytes(s, b, h, v, bytes_per_value=4) == 8 * s * b * h + 4 * s * b * v
+    with pytest.raises(ValueError, match="vocab_size"):
+        E.output_layer_activation_bytes(s, b, h, 0)
+
+
+@pytest.mark.parametrize("L,B,n,d,a,V", [(1, 4, 32, 64, 2, 64), (2, 3, 10, 24, 3, 50)])
+def test_gpt_activation_bytes_match_tinygpt(L, B, n, d, a, V):
+    """TinyGPT saves the formula's bytes plus the implementation extras of the layer test (LayerNorm
+    statistics, causal mask), the final LayerNorm's statistics, the token ids, positions and targets
+    (int64) and the cross-entropy's one-element total weight."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    gpt = TinyGPT(vocab_size=V, block_size=n, n_layer=L, n_head=a, n_embd=d)
+    x = torch.randint(0, V, (B, n))
+    y = torch.randint(0, V, (B, n))
+    _, measured, _ = E.saved_activation_bytes(
+        lambda: F.cross_entropy(gpt(x).reshape(-1, V), y.reshape(-1)), exclude=list(gpt.parameters()))
+    formula = E.gpt_activation_bytes(L, n, B, d, a, V, bytes_per_value=4, dropout=False)
+    assert formula == L * E.activation_bytes_per_layer(n, B, d, a, bytes_per_value=4, dropout=False) \
+        + 8 * n * B * d + 4 * n * B * V
+    extras = L * (2 * 2 * n * B * 4 + n * n) + 2 * n * B * 4 + 8 * n * B + 8 * n + 8 * n * B + 4
+    assert measured == formula + extras
+    # linear in the micro-batch: k micro-batches alive together keep k times the bytes
+    assert E.gpt_activation_bytes(L, n, 4 * B, d, a, V) == 4 * E.gpt_activation_bytes(L, n, B, d, a, V)
