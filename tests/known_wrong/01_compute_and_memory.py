@@ -1,0 +1,53 @@
+"""Shortcuts a learner would try in exercises/01_compute_and_memory.ipynb; each must score zero where listed."""
+CASES = [
+    {
+        "name": "calls course_lib.estimate's transformer_layer_flops",
+        "cells": {"1af529f9": (
+            "def transformer_layer_flops(d, n, B):\n"
+            "    return jnp.vectorize(lambda d, n, B: float(E.transformer_layer_flops(int(B), int(n), int(d))))(\n"
+            "        jnp.asarray(d), jnp.asarray(n), jnp.asarray(B))\n")},
+        "zero": ["layer_flops"],
+    },
+    {
+        "name": "forgets the attention scores (no n^2 term)",
+        "cells": {"1af529f9": (
+            "def transformer_layer_flops(d, n, B):\n"
+            "    d, n, B = (jnp.asarray(v, jnp.float32) for v in (d, n, B))\n"
+            "    return 24 * B * n * d * d\n")},
+        "zero": ["layer_flops", "training_cost"],   # training_cost uses the learner's layer FLOPs
+    },
+    {
+        "name": "calls course_lib.estimate's activation_bytes_per_layer",
+        "cells": {"cf22a21b": (
+            "def transformer_layer_activation_bytes(d, n, B, heads):\n"
+            "    return jnp.vectorize(lambda d, n, B, a: float(E.activation_bytes_per_layer(int(n), int(B), int(d), int(a))))(\n"
+            "        jnp.asarray(d), jnp.asarray(n), jnp.asarray(B), jnp.asarray(heads))\n")},
+        "zero": ["activation_bytes"],
+    },
+    {
+        "name": "calls course_lib.estimate's largest_model_that_fits",
+        "cells": {"501443d0": (
+            "def largest_model(gpu_bytes, zero_stage, n_devices, reserved_bytes=0.0, k=12):\n"
+            "    opt = {12: 'adam', 8: 'sgd_momentum'}[k]\n"
+            "    return jnp.array([E.largest_model_that_fits(gpu_bytes, zero_stage, int(N), optimizer=opt,\n"
+            "                                                reserved_bytes=reserved_bytes)\n"
+            "                      for N in jnp.atleast_1d(jnp.asarray(n_devices))]).squeeze()\n")},
+        "zero": ["largest_model", "budget_answer"],
+    },
+    {
+        "name": "hard-codes the budget answer, rounded",
+        "cells": {"6e8a5af5": "answer_billion = 27.0\nprint(answer_billion)"},
+        "zero": ["budget_answer"],
+    },
+    {
+        "name": "6N FLOPs per token instead of counting the layers",
+        "cells": {"96cc6f74": (
+            "def training_cost(d, n, B, L, heads, vocab):\n"
+            "    params = L * (12 * d * d + 13 * d) + vocab * d + n * d + 2 * d\n"
+            "    act = L * transformer_layer_activation_bytes(d, n, B, heads)\n"
+            "    states = 16.0 * params\n"
+            "    return {'params': params, 'flops_per_step': 6.0 * params * B * n, 'activation_bytes': act,\n"
+            "            'model_state_bytes': states, 'total_bytes': states + act}\n")},
+        "zero": ["training_cost"],
+    },
+]
