@@ -1,0 +1,1 @@
+"""Slurm batch scripts for the course demos (``torchrun.sbatch``); shipped as package data."""
