@@ -4,8 +4,9 @@ When Slurm and munge are installed (Debian: ``apt install slurm-wlm munge``), th
 single-host cluster in a temporary folder: its own munge key and munged socket, a ``slurm.conf`` with two
 nodes ``n1``, ``n2`` on 127.0.0.1 (one slurmd each, on their own ports; no cgroups needed:
 ``proctrack/linuxproc``, ``task/none``), a slurmctld, all as the current (root) user. It submits the
-batch script with ``sbatch --wait --nodes=2`` (2 torchrun agents x 2 gloo processes, rendezvous on
-the first node), checks that all 4 ranks report OK, and stops every daemon afterwards, also on failure.
+batch script with ``sbatch --nodes=2`` (2 torchrun agents x 2 gloo processes, rendezvous on the first
+node), checks that all 4 ranks report OK, that a rank killed on the second node fails the whole job, and
+that no process of either job is left; every daemon is stopped afterwards, also on failure.
 Skipped when the daemons are not on PATH.
 """
 
@@ -92,14 +93,14 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
 """
 
 
-@pytest.fixture
-def slurm_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
     missing = [x for x in DAEMONS if _which(x) is None]
     if missing:
         pytest.skip(f"slurm test skipped: {missing[0]} not found (apt install slurm-wlm munge)")
     if os.geteuid() != 0:
         pytest.skip("slurm test skipped: starting slurmd needs root")
-    d = Path(tmp_path)
+    d = Path(tmp_path_factory.mktemp("slurm"))
     d.chmod(0o700)
     for sub in ("state", "spool", "munge"):
         (d / sub).mkdir(mode=0o700)
@@ -141,6 +142,14 @@ def slurm_cluster(tmp_path):
         _wait_for(nodes_idle, 30, "the Slurm nodes did not become idle", logs)
         yield env, d, logs
     finally:
+        # Jobs first (a job step's slurmstepd leaves slurmd's session and outlives it), then the daemons,
+        # then anything still carrying this cluster's SLURM_CONF (a slurmstepd, a job's processes).
+        if len(daemons) > 2:
+            subprocess.run([_which("scancel"), "--partition=debug"], env=env, capture_output=True)
+            squeue, deadline = _which("squeue"), time.monotonic() + 15
+            while time.monotonic() < deadline and subprocess.run(
+                    [squeue, "-h"], env=env, capture_output=True, text=True).stdout.strip():
+                time.sleep(0.3)
         for p in reversed(daemons):
             if p.poll() is None:
                 p.terminate()
@@ -151,11 +160,19 @@ def slurm_cluster(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        for p in daemons:  # anything a daemon started (job steps) in its session
+        for p in daemons:  # anything a daemon started in its session
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + 10
+        while (left := _pids_with_env(f"SLURM_CONF={conf}")) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
 
 
 def _wait_for(cond, timeout: float, what: str, logs) -> None:
@@ -166,22 +183,79 @@ def _wait_for(cond, timeout: float, what: str, logs) -> None:
         time.sleep(0.3)
 
 
-def test_batch_script_on_two_slurm_nodes(slurm_cluster):
-    env, d, logs = slurm_cluster
-    out = d / "job.out"
+def _tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries ``COURSE_TEST_TAG=tag`` (the job's agents and workers)."""
+    return _pids_with_env(f"COURSE_TEST_TAG={tag}")
+
+
+def _pids_with_env(entry: str) -> list[int]:
+    """Processes (other than this one) whose environment holds ``entry`` (``NAME=value``)."""
+    needle = entry.encode()
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int(p.name) != os.getpid() and needle in (p / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _submit(cluster, name: str, *demo_args: str) -> tuple[str, str, str, float]:
+    """Submit the batch script on both nodes; wait for the job; return its state, exit code and wall time.
+
+    Not ``sbatch --wait``: Slurm 22.05's sbatch polls with doubling sleeps (2, 4, 8, 16, 32 s) and
+    returned 28 s after the job had ended; ``scontrol show job`` is polled every 0.5 s instead.
+    """
+    env, d, logs = cluster
+    out, tag = d / f"{name}.out", os.urandom(8).hex()
     env = {**env, "COURSE_PYTHON": sys.executable, "COURSE_MODULE": "course_lib.demos.hello",
-           "COURSE_ARGS": "--size 3", "RDZV_PORT": str(_free_ports(1)[0]), "PYTHONUNBUFFERED": "1"}
+           "COURSE_ARGS": " ".join(demo_args), "RDZV_PORT": str(_free_ports(1)[0]), "PYTHONUNBUFFERED": "1",
+           "COURSE_TEST_TAG": tag}
     t0 = time.monotonic()
-    r = subprocess.run([_which("sbatch"), "--wait", "--nodes=2", f"--output={out}", f"--chdir={d}",
-                        "--time=00:03:00", str(_script())],
-                       env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    r = subprocess.run([_which("sbatch"), "--parsable", "--nodes=2", f"--job-name={name}", f"--output={out}",
+                        f"--chdir={d}", "--time=00:03:00", str(_script())],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"sbatch: {r.returncode}\n{r.stdout}{r.stderr}\n{logs()}"
+    job = r.stdout.strip().split(";")[0]
+    scontrol = _which("scontrol")
+    state = code = ""
+    while time.monotonic() - t0 < JOB_TIMEOUT:
+        q = subprocess.run([scontrol, "show", "job", job, "-o"], env=env, capture_output=True, text=True).stdout
+        state = (re.search(r"JobState=(\S+)", q) or [None, ""])[1]
+        code = (re.search(r"ExitCode=(\S+)", q) or [None, ""])[1]
+        if state and state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    else:
+        subprocess.run([_which("scancel"), job], env=env)
+        pytest.fail(f"job {job} did not end within {JOB_TIMEOUT} s (state {state})\n{logs()}")
     wall = time.monotonic() - t0
+    deadline = time.monotonic() + 10  # steps killed by slurmd may need a moment to be reaped
+    while _tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _tagged_pids(tag), f"processes of job {job} left behind: {_tagged_pids(tag)}"
     text = out.read_text(errors="replace") if out.exists() else "(no job output)"
-    assert r.returncode == 0, f"sbatch: {r.returncode}\n{r.stdout}{r.stderr}\n--- job output\n{text}\n{logs()}"
+    return state, code, text + "\n" + logs(), wall
+
+
+def test_batch_script_on_two_slurm_nodes(slurm_cluster):
+    state, code, text, wall = _submit(slurm_cluster, "hello", "--size", "3")
+    assert (state, code) == ("COMPLETED", "0:0"), f"{state} {code}\n{text}"
     lines = [x for x in text.splitlines() if x.startswith("[rank ")]
     assert sorted(int(re.match(r"\[rank (\d+)/4 ", x).group(1)) for x in lines) == [0, 1, 2, 3], text
     for line in lines:
         assert "via gloo" in line and line.endswith(" OK"), line
         assert "after_all_reduce=[10.0, 10.0, 10.0]" in line, line
     assert "2 torchrun agent(s) on n[1-2], 2 processes each" in text, text
-    print(f"sbatch --wait, 2 Slurm nodes x 2 processes: {wall:.1f} s")
+    print(f"2 Slurm nodes x 2 processes, submit to end: {wall:.1f} s")
+
+
+def test_a_dead_rank_fails_the_whole_slurm_job(slurm_cluster):
+    """Rank 3 (on n2) kills itself: the job must end FAILED, on both nodes, without hanging."""
+    state, code, text, wall = _submit(slurm_cluster, "die", "--die-rank", "3")
+    assert state == "FAILED" and code != "0:0", f"{state} {code}\n{text}"
+    assert "--die-rank 3: killing myself" in text, text
+    assert not any(x.startswith("[rank ") and x.endswith(" OK") for x in text.splitlines()), text
+    print(f"failed job ended in {wall:.1f} s")
