@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "squeue", "scancel", "sinfo")
 NODES = ("n1", "n2")
 JOB_TIMEOUT = 120
 
