@@ -1,6 +1,6 @@
 """Ring all-reduce from scratch vs ``dist.all_reduce`` (gloo), same processes, same data.
 
-Prints, per world size (2 and 4) and message size (1-64 MB of float32), the median time of our
+Prints, per world size (2, 3 and 4) and message size (1-64 MB of float32), the median time of our
 ``course_lib.collectives.ring_all_reduce`` and of ``torch.distributed.all_reduce`` and their ratio
 (ours / torch; < 1 means ours is faster), plus the bus bandwidth of both as nccl-tests defines it
 (busbw = algbw * 2(N-1)/N, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
@@ -54,7 +54,7 @@ def _bench(rank, world_size, sizes_mb, repeats, pipeline_bytes):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4])
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--pipeline-bytes", type=int, default=None,
