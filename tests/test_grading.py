@@ -386,6 +386,20 @@ def test_cli_outputs_table_csv_and_exit_status(graded):
     assert partial.split(",")[1:7] == [NAME, "2", "6", "2", "0", "0"]
 
 
+def test_only_grades_the_chosen_exercises_and_stops_after_them(course, tmp_path, capsys):
+    root, ex = course
+    sol = write(nbformat.read(str(root / "solutions" / f"{NAME}.ipynb"), as_version=4), tmp_path / "s.ipynb")
+    r = cli_inproc(capsys, "grade", sol, "--solutions", root / "solutions", "--only", "add_neg", "--json",
+                   tmp_path / "g.json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "g.json").read_text())["submissions"][0]
+    assert [(e["grade_id"], e["status"]) for e in rep["exercises"]] == [("add_neg", "pass")]
+    assert rep["total"] == rep["max_total"] == 3
+    assert any("graded only add_neg" in n for n in rep["notes"])
+    bad = cli_inproc(capsys, "grade", sol, "--solutions", root / "solutions", "--only", "nope")
+    assert bad.returncode == 1 and "its grade ids are: square, add_neg, total" in bad.stderr
+
+
 def test_cli_exit_status_zero_whatever_the_scores(monkeypatch, capsys, tmp_path):
     """Exit codes of `grade` without running a kernel: zero points is still a successful grading."""
     import course_lib.grading.__main__ as cli_mod
@@ -495,8 +509,19 @@ def known_wrong_grades(tmp_path_factory):
     batches = known_wrong_batches()
     paths = [write(known_wrong_submission(name, cases), root / f"{name}__{i}.ipynb")
              for i, (name, cases) in enumerate(batches)]
-    reports = grade(paths, REPO / "solutions", timeout=COURSE_TIMEOUT, jobs=2)
+    # Each run stops after the last check its cases list (--only): the checks up to there are graded,
+    # the rest of the notebook does not run.
+    reports = grade(paths, REPO / "solutions", timeout=COURSE_TIMEOUT, jobs=2,
+                    only=[checks_through(name, {g for c in cases for g in c["zero"]}) for name, cases in batches])
     return list(zip(batches, reports))
+
+
+def checks_through(name: str, listed: set[str]) -> list[str]:
+    """The grade ids of solution ``name`` in notebook order, up to and including the last of ``listed``."""
+    sol = nbformat.read(str(REPO / "solutions" / f"{name}.ipynb"), as_version=4)
+    gids = [grade_id(c) for c in sol.cells if grade_id(c)]
+    last = max(gids.index(g) for g in listed)
+    return gids[:last + 1]
 
 
 def test_every_exercise_notebook_has_known_wrong_cases():

@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"seconds per cell before it is interrupted (default {DEFAULT_TIMEOUT:g})")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default 1)")
     g.add_argument("--quiet", action="store_true", help="print only the one-line summary per submission")
+    g.add_argument("--only", default=None, metavar="ID[,ID...]",
+                   help="grade only these exercises (grade ids); the notebook runs up to the last of them")
     return p
 
 
@@ -72,7 +74,8 @@ def _grade(args) -> int:
         print("error: --timeout must be > 0 and --jobs >= 1", file=sys.stderr)
         return 2
     try:
-        reports = grade(args.submissions, args.solutions, timeout=args.timeout, jobs=args.jobs)
+        only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only is not None else None
+        reports = grade(args.submissions, args.solutions, timeout=args.timeout, jobs=args.jobs, only=only)
     except (NotebookError, GraderSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,6 +12,10 @@ For each submission:
    :mod:`course_lib.grading.nbval_plugin` recording each cell's outcome by grade id;
 4. score: a check cell that passes earns its points, anything else earns 0.
 
+``only`` (``--only ID,ID`` on the command line) grades a chosen subset of the exercises: the notebook
+runs up to the last selected check cell and stops there (later cells are not run), and the report
+lists the selected exercises only. For re-grading one question, and for the course's known-wrong tests.
+
 The submission file is only read. A hung cell is interrupted after the timeout and the run goes on; a
 dead kernel ends the run early and the cells that could not run score 0 as "not run".
 """
@@ -408,9 +412,25 @@ def score(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, restored: 
 
 # ----------------------------------------------------------------------------- public API
 
+def _select(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, only, where: str) -> set[str]:
+    """Cut ``nb`` after the last check cell of ``only``; the selected grade ids."""
+    known = [grade_id(c) for _, c in check_cells(solution)]
+    chosen = set(only)
+    unknown = sorted(chosen - set(known))
+    if unknown or not chosen:
+        raise NotebookError(f"{where}: --only names no exercise of this notebook ({', '.join(unknown) or 'empty'}); "
+                            f"its grade ids are: {', '.join(known)}")
+    last = max(k for k, c in enumerate(nb.cells) if grade_id(c) in chosen)
+    del nb.cells[last + 1:]
+    return chosen
+
+
 def grade_one(path: str | Path, solutions: dict[str, nbformat.NotebookNode],
-              timeout: float = DEFAULT_TIMEOUT) -> Report:
-    """Grade one submission; bad input gives a Report with ``error`` set (never raises for it)."""
+              timeout: float = DEFAULT_TIMEOUT, only=None) -> Report:
+    """Grade one submission; bad input gives a Report with ``error`` set (never raises for it).
+
+    ``only``: grade ids to grade (the run stops after the last of them); ``None``: every exercise.
+    """
     t0 = time.monotonic()
     report = Report(submission=str(path))
     try:
@@ -429,6 +449,7 @@ def grade_one(path: str | Path, solutions: dict[str, nbformat.NotebookNode],
                                 f"{', '.join(sorted(solutions))}); submit one of those, or pass --solutions DIR")
         report.notebook = name
         nb, restored = prepare_submission(sub, solutions[name], str(path))
+        chosen = _select(nb, solutions[name], only, str(path)) if only is not None else None
     except NotebookError as exc:
         report.error = str(exc)
         report.seconds = round(time.monotonic() - t0, 1)
@@ -439,6 +460,10 @@ def grade_one(path: str | Path, solutions: dict[str, nbformat.NotebookNode],
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report.exercises, notes = score(nb, solutions[name], restored, records, timeout, code, output)
+    if chosen is not None:
+        report.exercises = [e for e in report.exercises if e.grade_id in chosen]
+        notes.append(f"graded only {', '.join(e.grade_id for e in report.exercises)} (--only); "
+                     "the notebook ran up to the last of them")
     report.notes += notes
     report.seconds = round(time.monotonic() - t0, 1)
     return report
@@ -456,8 +481,11 @@ def expand_paths(paths: list[str | Path]) -> list[Path]:
 
 
 def grade(paths: list[str | Path], solutions_dir: str | Path | None = None,
-          timeout: float = DEFAULT_TIMEOUT, jobs: int = 1) -> list[Report]:
+          timeout: float = DEFAULT_TIMEOUT, jobs: int = 1, only=None) -> list[Report]:
     """Grade every submission (files or folders of ``*.ipynb``); one Report each, in input order.
+
+    ``only``: grade ids to grade in every submission (see :func:`grade_one`), or a list with one such
+    collection (or ``None``) per file, in the order of the expanded paths.
 
     Raises GraderSetupError (before reading anything) when pytest/nbval/ipykernel are missing, and
     NotebookError for unusable ``solutions_dir``.
@@ -465,10 +493,15 @@ def grade(paths: list[str | Path], solutions_dir: str | Path | None = None,
     check_grader_dependencies()
     solutions = load_solutions(solutions_dir or default_dir("solutions"))
     files = expand_paths(paths)
+    per_file = isinstance(only, list) and all(o is None or not isinstance(o, str) for o in only)
+    if per_file and len(only) != len(files):
+        raise ValueError(f"only: {len(only)} selections for {len(files)} submissions")
+    selections = only if per_file else [only] * len(files)
+    jobs_list = list(zip(files, selections))
     if jobs <= 1 or len(files) <= 1:
-        return [grade_one(f, solutions, timeout) for f in files]
+        return [grade_one(f, solutions, timeout, o) for f, o in jobs_list]
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # each grading is its own pytest process
-        return list(pool.map(lambda f: grade_one(f, solutions, timeout), files))
+        return list(pool.map(lambda fo: grade_one(fo[0], solutions, timeout, fo[1]), jobs_list))
 
 
 # ----------------------------------------------------------------------------- output
