@@ -1,0 +1,278 @@
+"""Tensor parallelism from scratch (course_lib.tensor_parallel) on one warm 4-rank gloo cluster.
+
+Every layer is compared with the unsharded layer (outputs, input gradients, and each rank's gradient
+shard against the matching slice of the full gradient) on 2 ranks (a subgroup) and 4 ranks, with the
+course's ring and with the built-in collectives; the MLP and sequence-parallel layer norm with
+DTensor's ``parallelize_module``; the collectives are counted with ``course_lib.trace``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.launch import Cluster, RankError
+
+WORLD = 4
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(WORLD, timeout=120) as c:
+        yield c
+
+
+def _group(world):
+    import torch.distributed as dist
+    return None if world == dist.get_world_size() else dist.new_group(list(range(world)))
+
+
+def _block_case(rank, world_size, tp, sequence_parallel, builtin):
+    """A models.Block vs its ParallelBlock; returns the largest errors (0 on ranks outside the group)."""
+    import torch
+    import torch.distributed as dist
+    from course_lib import tensor_parallel as T, trace
+    from course_lib.models import Block
+
+    group = _group(tp)
+    if rank >= tp:
+        return None
+    torch.manual_seed(0)
+    block = Block(8, 4)
+    x = torch.randn(2, 8, 8, requires_grad=True)
+    ref = block(x)
+    ref.pow(2).sum().backward()
+
+    par = T.ParallelBlock.from_block(block, group, sequence_parallel=sequence_parallel, builtin=builtin)
+    xp = x.detach().clone().requires_grad_(True)
+    inp = T.scatter_to_sequence_parallel(xp, 1, group) if sequence_parallel else xp
+    leaf = inp.detach().requires_grad_(True)         # the recorder sees the block's collectives only
+    with trace.Recorder() as rec:
+        out = par(leaf)
+        out.pow(2).sum().backward()
+    inp.backward(leaf.grad)                          # the input split's backward: an all-gather
+    if sequence_parallel:
+        T.all_reduce_sequence_parallel_grads(par, group)
+        lo, hi = T.shard_range(8, tp, rank)
+        ref_out = ref[:, lo:hi]
+    else:
+        ref_out = ref
+    r = rank
+    c = 8 // tp
+    q_rows = torch.cat([torch.arange(j * 8 + r * c, j * 8 + (r + 1) * c) for j in range(3)])
+    h = 32 // tp
+    errs = {
+        "out": (out - ref_out).abs().max().item(),
+        "dx": (xp.grad - x.grad).abs().max().item(),
+        "qkv.w": (par.attn.qkv.weight.grad - block.attn.qkv.weight.grad[q_rows]).abs().max().item(),
+        "qkv.b": (par.attn.qkv.bias.grad - block.attn.qkv.bias.grad[q_rows]).abs().max().item(),
+        "proj.w": (par.attn.proj.weight.grad - block.attn.proj.weight.grad[:, r * c:(r + 1) * c]).abs().max().item(),
+        "proj.b": (par.attn.proj.bias.grad - block.attn.proj.bias.grad).abs().max().item(),
+        "fc.w": (par.mlp.fc.weight.grad - block.fc.weight.grad[r * h:(r + 1) * h]).abs().max().item(),
+        "fc_proj.w": (par.mlp.fc_proj.weight.grad - block.fc_proj.weight.grad[:, r * h:(r + 1) * h]).abs().max().item(),
+        "ln1.w": (par.ln1.weight.grad - block.ln1.weight.grad).abs().max().item(),
+        "ln2.b": (par.ln2.bias.grad - block.ln2.bias.grad).abs().max().item(),
+    }
+    kinds = {}
+    for e in rec.events:
+        if e["kind"] != "comm":
+            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+    sent = sum(e["bytes_sent"] for e in rec.events)
+    return errs, kinds, sent
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
+def test_parallel_block_equals_the_unsharded_block(cluster, tp, sequence_parallel):
+    res = cluster.run(_block_case, tp, sequence_parallel, False)
+    for rank, r in enumerate(res[:tp]):
+        errs, kinds, sent = r
+        assert max(errs.values()) < 1e-5, f"rank {rank}: {errs}"
+        # Ring traffic: 4 all-reduces (or 4 gather + 4 scatter) of b*s*h fp32 values, 2(t-1)/t each.
+        n = 2 * 8 * 8 * 4
+        if sequence_parallel:
+            assert kinds == {"all-gather": 4, "reduce-scatter": 4}, kinds
+        else:
+            assert kinds == {"all-reduce": 4}, kinds
+        assert sent == pytest.approx(4 * 2 * (tp - 1) / tp * n), (rank, sent)
+    assert all(r is None for r in res[tp:])
+
+
+def test_builtin_collectives_give_the_same_block(cluster):
+    res = cluster.run(_block_case, 4, True, True)
+    for errs, kinds, sent in res:
+        assert max(errs.values()) < 1e-5, errs
+        assert sent == 0  # dist's collectives are not ours to count byte by byte; spans still are
+        assert kinds == {"all-gather": 4, "reduce-scatter": 4}
+
+
+def _conjugates(rank, world_size):
+    import torch
+    from course_lib import tensor_parallel as T
+    x = torch.full((3,), float(rank + 1), requires_grad=True)
+    y = T.copy_to_tensor_parallel(x)
+    (y * (rank + 1)).sum().backward()
+    f_out, f_grad = y.detach().clone(), x.grad.clone()
+    x2 = torch.full((3,), float(rank + 1), requires_grad=True)
+    z = T.reduce_from_tensor_parallel(x2)
+    (z * (rank + 1)).sum().backward()
+    return f_out.tolist(), f_grad.tolist(), z.detach().tolist(), x2.grad.tolist()
+
+
+def test_conjugate_operators(cluster):
+    """f: identity forward, gradient summed over ranks; g: sum forward, gradient passed through."""
+    res = cluster.run(_conjugates)
+    for rank, (f_out, f_grad, g_out, g_grad) in enumerate(res):
+        assert f_out == [rank + 1.0] * 3
+        assert f_grad == [10.0] * 3            # 1 + 2 + 3 + 4
+        assert g_out == [10.0] * 3
+        assert g_grad == [rank + 1.0] * 3
+
+
+def _vocab_case(rank, world_size):
+    import torch
+    import torch.nn.functional as F
+    from course_lib import tensor_parallel as T
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(12, 5)
+    ids = torch.randint(0, 12, (3, 4))
+    ref = emb(ids)
+    ref.sum().backward()
+    pe = T.VocabParallelEmbedding.from_embedding(emb)
+    out = pe(ids)
+    out.sum().backward()
+    lo, hi = T.shard_range(12, world_size, rank)
+    logits = torch.randn(3, 4, 12, requires_grad=True)
+    tgt = torch.randint(0, 12, (3, 4))
+    F.cross_entropy(logits.reshape(-1, 12), tgt.reshape(-1)).backward()
+    mine = logits.detach()[..., lo:hi].clone().requires_grad_(True)
+    loss = T.vocab_parallel_cross_entropy(mine, tgt)
+    loss.backward()
+    ref_loss = F.cross_entropy(logits.detach().reshape(-1, 12), tgt.reshape(-1))
+    return ((out - ref).abs().max().item(), (pe.weight.grad - emb.weight.grad[lo:hi]).abs().max().item(),
+            abs(loss.item() - ref_loss.item()), (mine.grad - logits.grad[..., lo:hi]).abs().max().item())
+
+
+def test_vocab_parallel_embedding_and_cross_entropy(cluster):
+    for errs in cluster.run(_vocab_case):
+        assert max(errs) < 1e-6, errs
+
+
+def _dtensor_case(rank, world_size):
+    """Our TP MLP and sequence-parallel layer norm vs DTensor's parallelize_module on the same weights."""
+    import copy
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    from course_lib import tensor_parallel as T
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm(8)
+            self.fc = nn.Linear(8, 32)
+            self.fc_proj = nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.fc_proj(F.gelu(self.fc(self.ln(x))))
+
+    torch.manual_seed(0)
+    ref = MLP()
+    x = torch.randn(2, 8, 8)
+    mesh = init_device_mesh("cpu", (world_size,))
+    dt = parallelize_module(copy.deepcopy(ref), mesh, {
+        "ln": SequenceParallel(),
+        "fc": ColwiseParallel(input_layouts=Shard(1)),
+        "fc_proj": RowwiseParallel(output_layouts=Shard(1)),
+    })
+    lo, hi = T.shard_range(8, world_size, rank)
+    x_local = x[:, lo:hi].clone()
+    y_dt = dt(x_local)                                     # Shard(1) in, Shard(1) out
+    y_dt = y_dt.to_local() if hasattr(y_dt, "to_local") else y_dt
+    y_dt.pow(2).sum().backward()
+
+    ln = copy.deepcopy(ref.ln)
+    ln.weight._sequence_parallel = ln.bias._sequence_parallel = True
+    mlp = T.ParallelMLP.from_linears(ref.fc, ref.fc_proj, sequence_parallel=True)
+    y = mlp(ln(x_local))
+    y.pow(2).sum().backward()
+    T.all_reduce_sequence_parallel_grads(ln)
+    g_dt = dt.fc.weight.grad.to_local()
+    ln_dt = dt.ln.weight.grad.full_tensor()
+    return ((y - y_dt).abs().max().item(), (mlp.fc.weight.grad - g_dt).abs().max().item(),
+            (ln.weight.grad - ln_dt).abs().max().item())
+
+
+def test_equal_to_dtensor_parallelize_module(cluster):
+    for errs in cluster.run(_dtensor_case):
+        assert max(errs) < 1e-5, errs
+
+
+def _bad(rank, world_size, what):
+    import torch
+    from course_lib import tensor_parallel as T
+    from course_lib.models import CausalSelfAttention
+    if what == "hidden":
+        T.ColumnParallelLinear(8, 6)
+    elif what == "heads":
+        T.ParallelSelfAttention.from_attention(CausalSelfAttention(12, 6))
+    elif what == "vocab":
+        T.VocabParallelEmbedding(10, 4)
+    elif what == "row-input":
+        T.RowParallelLinear(8, 4)(torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("what, words", [
+    ("hidden", "degree 4 does not divide the out_features (6)"),
+    ("heads", "does not divide the number of attention heads (6)"),
+    ("vocab", "does not divide the vocabulary size (10)"),
+    ("row-input", "expects this rank's slice of 2 input features"),
+])
+def test_bad_sizes_say_what_to_change(cluster, what, words):
+    with pytest.raises(RankError, match="rank 0") as e:
+        cluster.run(_bad, what)
+    assert words in str(e.value)
+    assert "use a degree in" in str(e.value) or what == "row-input"
+
+
+def test_needs_a_process_group():
+    from course_lib import tensor_parallel as T
+    with pytest.raises(RuntimeError, match="initialised process group"):
+        T.ColumnParallelLinear(4, 4)
+
+
+def test_cost_model():
+    from course_lib import tensor_parallel as T
+    b = T.tp_bytes_per_layer(1, 2048, 12288, 8)              # GPT-3 175B layer, bf16
+    assert b["bytes_per_all_reduce"] == 2048 * 12288 * 2
+    assert b["sent"] == pytest.approx(4 * 2 * 7 / 8 * 2048 * 12288 * 2)
+    fast = T.tp_comm_seconds(1, 2048, 12288, 8, bandwidth=450e9)
+    slow = T.tp_comm_seconds(1, 2048, 12288, 8, bandwidth=25e9)
+    assert slow / fast == pytest.approx(18)
+    with pytest.raises(ValueError, match="tp must be a positive integer"):
+        T.tp_bytes_per_layer(1, 8, 8, 0)
+
+
+def _init_per_shard(rank, world_size):
+    import math
+    import torch
+    from course_lib import tensor_parallel as T
+    g = torch.Generator().manual_seed(100 + rank)         # a different seed per rank
+    col = T.ColumnParallelLinear(16, 64, generator=g)
+    row = T.RowParallelLinear(64, 16, generator=g)
+    return (tuple(col.weight.shape), tuple(row.weight.shape), col.weight.abs().max().item(),
+            1 / math.sqrt(16), row.weight.abs().max().item(), 1 / math.sqrt(64), row.bias.abs().max().item(),
+            col.weight[0, 0].item())
+
+
+def test_layers_initialised_per_shard(cluster):
+    res = cluster.run(_init_per_shard)
+    for cw, rw, cmax, cb, rmax, rb, bias, _ in res:
+        assert cw == (16, 16) and rw == (16, 16)
+        assert 0.8 * cb < cmax <= cb and 0.8 * rb < rmax <= rb and bias == 0
+    assert len({r[-1] for r in res}) == WORLD                 # the shards differ
