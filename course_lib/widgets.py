@@ -226,7 +226,10 @@ class MemoryCalculator(_StaticFallback):
         self.figure = None
         for c in self.controls.values():
             c.observe(self._on_change, names="value")
-        self.widget = W.HBox([W.VBox(list(self.controls.values())), self.output])
+        # The controls keep their width (the figure would otherwise squeeze them and cut the sliders'
+        # readouts); the figure takes what is left.
+        controls = W.VBox(list(self.controls.values()), layout=W.Layout(flex="0 0 auto", min_width="440px"))
+        self.widget = W.HBox([controls, self.output])
         self.update()
 
     def values(self) -> dict:

@@ -426,6 +426,12 @@ def move_slider(page, cell, label: str, key: str) -> tuple[str, str]:
     readout = slider.locator(".widget-readout")
     img = cell.locator(".jp-OutputArea-output img").first
     before_readout, before_img = readout.inner_text(), img.get_attribute("src")
+    # The whole readout is visible: the element drawn at its right end is the readout itself (not the
+    # figure next to it, nor nothing because a narrow column clipped it).
+    visible = readout.evaluate(
+        "e => { const r = e.getBoundingClientRect(); const hit = document.elementFromPoint(r.right - 2, "
+        "(r.top + r.bottom) / 2); return r.width > 0 && hit !== null && (hit === e || e.contains(hit)); }")
+    assert visible, f"slider {label!r}: its readout {before_readout!r} is cut off or covered on screen"
     handle = slider.locator(".noUi-handle")
     handle.focus()
     handle.press(key)
