@@ -6,11 +6,14 @@ mechanism; a parameter cell in each notebook scales them up for GPU demos.
 * ``TinyMLP``       -- a stack of Linear+GELU layers (data parallel, mixed precision, accumulation).
 * ``TinyGPT``       -- a nanoGPT-style decoder-only transformer (``n_layer``, ``n_head``, ``n_embd``).
 * ``make_regression`` / ``make_tokens`` -- seeded synthetic data.
+* ``SleepLayer``    -- *emulated* compute for timing experiments (notebook 08): it sleeps a set time
+  forward and backward, so a pipeline's timeline does not depend on how many CPU cores are free.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -126,3 +129,69 @@ def make_tokens(n: int = 64, block_size: int = 32, vocab_size: int = 64, seed: i
     start = torch.randint(0, vocab_size, (n, 1), generator=g)
     seq = (start + torch.arange(block_size + 1)) % vocab_size  # (n, block_size + 1)
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+class _SleepInput(torch.autograd.Function):
+    """y = x * gain (gain a plain number here); forward sleeps, backward sleeps and returns dx only."""
+
+    @staticmethod
+    def forward(ctx, x, gain, forward_s, backward_s):
+        time.sleep(forward_s)
+        ctx.gain, ctx.backward_s = gain, backward_s
+        return x * gain
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.backward_s)
+        return grad * ctx.gain, None, None, None
+
+
+class _SleepWeight(torch.autograd.Function):
+    """Zero forward; backward sleeps and returns the gradient of ``gain`` in y = x * gain."""
+
+    @staticmethod
+    def forward(ctx, x, gain, backward_s):
+        ctx.save_for_backward(x)
+        ctx.backward_s = backward_s
+        return torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.backward_s)
+        x, = ctx.saved_tensors
+        return None, (grad * x).sum().reshape(1), None
+
+
+class SleepLayer(nn.Module):
+    """Emulated compute: ``y = gain * x`` (``gain`` a 1-element parameter, 1 at first) that *sleeps*
+    ``forward_s`` seconds in the forward and ``backward_s`` (default ``2 * forward_s``) in the backward.
+
+    Timing experiments on a laptop CPU are distorted when several ranks share few cores; a sleeping
+    rank uses no core, so a pipeline of SleepLayers shows the schedule's own timing (notebook 08 says
+    so where it uses them). The backward has two halves, so a split backward (zero-bubble schedules)
+    can run them apart: the input gradient (``(1 - weight_share) * backward_s``, through ``x``) and the
+    weight gradient (``weight_share * backward_s``, into ``gain``; it reads ``x``, not the upstream
+    layers, so it is the only node on the path to the parameter). When ``x`` needs no gradient (the
+    first layer of a model), the weight half sleeps the whole ``backward_s``.
+    """
+
+    def __init__(self, forward_s: float, backward_s: float | None = None, weight_share: float = 0.5):
+        super().__init__()
+        backward_s = 2.0 * forward_s if backward_s is None else backward_s
+        if not (forward_s >= 0 and backward_s >= 0 and 0 <= weight_share <= 1):
+            raise ValueError(f"SleepLayer needs forward_s >= 0, backward_s >= 0 and 0 <= weight_share <= 1, "
+                             f"got {forward_s}, {backward_s}, {weight_share}")
+        self.forward_s, self.backward_s, self.weight_share = float(forward_s), float(backward_s), weight_share
+        self.gain = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = float(self.gain.detach())
+        input_s, weight_s = (1 - self.weight_share) * self.backward_s, self.weight_share * self.backward_s
+        if not x.requires_grad:  # autograd will not run the input half: its time goes to the weight half
+            time.sleep(self.forward_s)
+            return x * g + _SleepWeight.apply(x.detach(), self.gain, input_s + weight_s)
+        y = _SleepInput.apply(x, g, self.forward_s, input_s)
+        return y + _SleepWeight.apply(x.detach(), self.gain, weight_s)
+
+    def extra_repr(self) -> str:
+        return f"forward_s={self.forward_s}, backward_s={self.backward_s}, weight_share={self.weight_share}"

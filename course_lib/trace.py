@@ -91,14 +91,19 @@ class Recorder:
 
     # -- recording -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def span(self, kind: str, name: str) -> Iterator[None]:
-        """Time the ``with`` block and record it as one event of ``kind`` (e.g. ``"compute"``)."""
+    def span(self, kind: str, name: str, **extra) -> Iterator[None]:
+        """Time the ``with`` block and record it as one event of ``kind`` (e.g. ``"compute"``).
+
+        ``**extra`` keys are stored in the event too (e.g. ``microbatch=3, stage=1`` for a pipeline
+        action, which :func:`course_lib.viz.plot_pipeline` colours by micro-batch)."""
         start = self.now()
         try:
             yield
         finally:
-            self.events.append(dict(rank=self.rank, kind=str(kind), name=str(name), start=start,
-                                    end=self.now(), bytes_sent=0, bytes_recv=0))
+            ev = dict(rank=self.rank, kind=str(kind), name=str(name), start=start, end=self.now(),
+                      bytes_sent=0, bytes_recv=0)
+            ev.update(extra)
+            self.events.append(ev)
 
     def comm(self, name: str, bytes_sent: int, bytes_recv: int, start: float, end: float,
              **extra) -> None:

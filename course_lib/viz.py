@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["plot_timeline", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
+__all__ = ["plot_timeline", "plot_pipeline", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
 
 # Fixed colours for the two conventional kinds, so compute/comm look the same in every notebook.
 KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange"}
@@ -84,6 +84,77 @@ def plot_timeline(events_per_rank: Sequence[Sequence[dict]], ax=None,
     kinds_seen = [k for k in colors if any(e["kind"] == k for e in all_events)]
     ax.legend(handles=[Patch(facecolor=colors[k], edgecolor="black", label=k) for k in kinds_seen],
               loc="upper right", fontsize=8)
+    return ax
+
+
+_PIPE_STYLE = {"forward": dict(alpha=1.0, hatch=None), "backward": dict(alpha=0.55, hatch="///"),
+               "weight": dict(alpha=0.3, hatch="...")}
+
+
+def plot_pipeline(events_per_rank: Sequence[Sequence[dict]], ax=None, title: str | None = None,
+                  n_microbatches: int | None = None, show_stage: bool = False, xlabel: str | None = None):
+    """The classic pipeline picture: one row per rank, one bar per action, the colour is the
+    micro-batch, forwards solid, backwards hatched (``///``), weight-gradient halves dotted.
+
+    Args:
+        events_per_rank: per-rank events from :func:`course_lib.pipeline.simulate` (times in units of
+            the schedule, ``clock="simulated"``) or a :class:`course_lib.trace.Recorder` around
+            :func:`course_lib.pipeline.run_schedule` (wall-clock seconds, drawn in ms). Events of other
+            kinds are ignored.
+        title: the title; ``None`` writes the measured bubble fraction.
+        n_microbatches: how many colours to use (default: as many as the micro-batches seen).
+        show_stage: label bars ``3@s5`` (micro-batch 3 of stage 5), for ranks holding several stages.
+        xlabel: the x label (default: "time (simulated units)" or "time since the first action (ms)").
+
+    Returns:
+        The Axes (x: time since the first action, y: rank 0 at the top).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from course_lib.pipeline import bubble_fraction
+
+    rows = [[e for e in evs if e.get("kind") in _PIPE_STYLE] for evs in events_per_rank]
+    flat = [e for row in rows for e in row]
+    if not flat:
+        raise ValueError("plot_pipeline got no forward/backward events: pass simulate()'s result or each "
+                         "rank's Recorder.events from run_schedule()")
+    simulated = flat[0].get("clock") == "simulated"
+    scale = 1.0 if simulated else 1e3
+    t0 = min(e["start"] for e in flat)
+    span = (max(e["end"] for e in flat) - t0) * scale
+    n = len(rows)
+    ax = _new_ax(ax, (10, 0.55 * n + 1.6))
+    m = n_microbatches or (max(e.get("microbatch", 0) for e in flat) + 1)
+    cmap = plt.get_cmap("tab20" if m > 10 else "tab10")
+    height = 0.76
+    for row, evs in enumerate(rows):
+        y = n - 1 - row
+        for e in evs:
+            x, w = (e["start"] - t0) * scale, (e["end"] - e["start"]) * scale
+            mb = e.get("microbatch", 0)
+            style = _PIPE_STYLE[e["kind"]]
+            ax.broken_barh([(x, w)], (y - height / 2, height), facecolors=cmap(mb % cmap.N),
+                           alpha=style["alpha"], hatch=style["hatch"], edgecolors="black", linewidth=0.4)
+            label = f"{mb}@s{e.get('stage', 0)}" if show_stage else f"{mb}"
+            if w > 0.022 * span * len(label):
+                ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"rank {r}" for r in range(n)][::-1])
+    ax.set_ylim(-0.6, n - 0.4)
+    ax.set_xlim(0, span * 1.005)
+    ax.set_xlabel(xlabel or ("time (simulated units)" if simulated else "time since the first action (ms)"))
+    if title is None:
+        title = f"{'simulated' if simulated else 'measured'}: bubble {bubble_fraction(rows):.1%}"
+    ax.set_title(title, fontsize=10)
+    kinds = [k for k in _PIPE_STYLE if any(e["kind"] == k for e in flat)]
+    names = {"forward": "forward", "backward": "backward", "weight": "weight gradient (W)"}
+    if "weight" in kinds:
+        names["backward"] = "input gradient (B)"
+    handles = [Patch(facecolor="white", edgecolor="black", hatch=_PIPE_STYLE[k]["hatch"], label=names[k])
+               for k in kinds]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+              title="colour = micro-batch", title_fontsize=8, frameon=False)
     return ax
 
 

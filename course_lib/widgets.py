@@ -9,6 +9,12 @@ activations) for a choice of model size, batch, precision, optimizer, ZeRO stage
 degrees, drawn as stacked bars for ZeRO stages 0-3 side by side. The numbers come from
 :func:`course_lib.estimate.training_memory`; the picture from
 :func:`course_lib.viz_memory.plot_memory_breakdown`.
+
+:class:`StepThrough` (:func:`step_through`, :func:`ring_step_through`) -- a slider over the states of an
+algorithm, one picture per state.
+
+:class:`PipelineExplorer` (shown by :func:`pipeline_explorer`) -- a pipeline schedule's simulated
+timeline and bubble for a choice of schedule, ranks and micro-batches (notebook 08).
 """
 
 from __future__ import annotations
@@ -58,6 +64,35 @@ class _StaticFallback:
         if self.figure is not None:
             bundle["image/png"] = _figure_png(self.figure)
         return bundle
+
+
+class _ControlPanel(_StaticFallback):
+    """Mixin for widgets with named ``controls``: read them, set several at once with one redraw, and
+    redraw (``self._redraw()``) when a user moves one."""
+
+    controls: dict = {}
+    _hold = False
+
+    def values(self) -> dict:
+        """The current value of every control, by name."""
+        return {k: c.value for k, c in self.controls.items()}
+
+    def _set_and_redraw(self, values: dict, convert: Callable = lambda k, v: v):
+        for k in values:
+            if k not in self.controls:
+                raise ValueError(f"unknown setting {k!r}; choose from {sorted(self.controls)}")
+        # Setting a control fires _on_change; hold redraws until all are set.
+        self._hold = True
+        try:
+            for k, v in values.items():
+                self.controls[k].value = convert(k, v)
+        finally:
+            self._hold = False
+        return self._redraw()
+
+    def _on_change(self, _change) -> None:
+        if not self._hold:
+            self._redraw()
 
 
 def _in_jupyter_kernel() -> bool:
@@ -174,7 +209,7 @@ class _ProgressView:
             self.stream.flush()
 
 
-class MemoryCalculator(_StaticFallback):
+class MemoryCalculator(_ControlPanel):
     """An ipywidgets memory calculator.
 
     ``calc = MemoryCalculator(); display(calc)`` shows the controls and the figure (``display(calc)``
@@ -232,10 +267,6 @@ class MemoryCalculator(_StaticFallback):
         self.widget = W.HBox([controls, self.output])
         self.update()
 
-    def values(self) -> dict:
-        """The current value of every control, by name."""
-        return {k: c.value for k, c in self.controls.items()}
-
     def breakdowns(self, **values) -> dict:
         """Per-device breakdown (bytes) for ZeRO stages 0-3 at the given (or current) settings."""
         v = {**self.values(), **values}
@@ -251,21 +282,14 @@ class MemoryCalculator(_StaticFallback):
         Returns ``None`` (and shows the reason in place of the figure) when the settings are
         invalid, e.g. a tensor-parallel degree that does not divide the heads.
         """
-        for k, v in values.items():
-            if k not in self.controls:
-                raise ValueError(f"unknown setting {k!r}; choose from {sorted(self.controls)}")
-        # Setting a control fires _on_change; hold redraws until all are set.
-        self._hold = True
-        try:
-            for k, v in values.items():
-                if k == "n_params_billion":
-                    slider = self.controls[k]
-                    slider.options = _size_options([x for _, x in slider.options], v)
-                    v = float(v)
-                self.controls[k].value = v
-        finally:
-            self._hold = False
-        return self._redraw()
+        def convert(k, v):
+            if k == "n_params_billion":   # a size not on the slider is added to it, so it is held exactly
+                slider = self.controls[k]
+                slider.options = _size_options([x for _, x in slider.options], v)
+                v = float(v)
+            return v
+
+        return self._set_and_redraw(values, convert)
 
     def _redraw(self):
         from IPython.display import display
@@ -297,11 +321,6 @@ class MemoryCalculator(_StaticFallback):
                   f"{self.device_gb:.0f} GB")
         plt.close(fig)
         return bars[selected]
-
-    def _on_change(self, _change) -> None:
-        # a control changed: redraw, unless update() is setting several controls at once
-        if not getattr(self, "_hold", False):
-            self._redraw()
 
     def static_text(self) -> str:
         """A readable summary of the settings and the per-device totals of ZeRO stages 0-3."""
@@ -481,3 +500,127 @@ def ring_step_through(snapshots, chunk_bounds=None, value: int = 0, log: bool = 
     return step_through([lab for lab, _, _ in snapshots], draw, value=value, title=title,
                         figsize=(0.6 * width + (3.2 if colorbar is not None else 2.0),
                                  0.45 * n_ranks + 1.2))
+
+
+# --------------------------------------------------------------------------- pipeline explorer
+
+class PipelineExplorer(_ControlPanel):
+    """A pipeline schedule explorer: choose the schedule, the ranks ``p``, the micro-batches ``m`` (and
+    ``v`` virtual stages per rank for the interleaved schedule); see its simulated timeline with the
+    bubble it has and the bubble ``(p-1)/(v m + p-1)`` theory gives, and the micro-batches each rank
+    holds at its peak. Time unit: a rank's forward of one micro-batch takes 1, its backward
+    ``backward_ratio`` (split evenly into B and W for ZB-H1); with ``v`` stages per rank each stage
+    takes ``1/v`` of that.
+
+    ``measured`` (optional) maps ``(schedule, p, m)`` to per-rank events recorded around
+    :func:`course_lib.pipeline.run_schedule`; when the settings match one of them, its timeline is
+    drawn under the simulated one. :meth:`update` sets controls by name (``schedule``, ``p``, ``m``,
+    ``v``) and returns ``{"bubble", "theory", "peak_in_flight"}`` of the simulated timeline (``None``
+    with the reason shown when the settings are invalid; ``theory`` is ``None`` for ZB-H1 with
+    ``m < p``, where no closed form is given).
+    """
+
+    def __init__(self, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2,
+                 backward_ratio: float = 2.0, measured: dict | None = None):
+        import ipywidgets as W
+        from course_lib import pipeline
+
+        self._pipeline = pipeline
+        self.backward_ratio = float(backward_ratio)
+        self.measured = dict(measured or {})
+        style, lay = {"description_width": "120px"}, W.Layout(width="360px")
+        self.controls = {
+            "schedule": W.Dropdown(options=list(pipeline.SCHEDULES), value=schedule, description="schedule"),
+            "p": W.IntSlider(value=p, min=2, max=8, description="ranks p"),
+            "m": W.IntSlider(value=m, min=1, max=32, description="micro-batches m"),
+            "v": W.IntSlider(value=v, min=2, max=4, description="virtual stages v"),
+        }
+        for c in self.controls.values():
+            c.style, c.layout = style, lay
+            c.observe(self._on_change, names="value")
+        self.output = W.Output()
+        self.figure = None
+        self.result = None
+        self.message = ""
+        controls = W.VBox(list(self.controls.values()), layout=W.Layout(flex="0 0 auto", min_width="380px"))
+        self.widget = W.VBox([controls, self.output])
+        self.update()
+
+    def compute(self, **values) -> dict:
+        """The simulated timeline of the given (or current) settings: ``{"events", "bubble",
+        "theory", "peak_in_flight", "v"}``; raises ``ValueError`` for invalid settings."""
+        P = self._pipeline
+        s = {**self.values(), **values}
+        v = s["v"] if s["schedule"] == "interleaved" else 1
+        m = 1 if s["schedule"] == "naive" else s["m"]
+        sched = P.make_schedule(s["schedule"], s["p"], m, v)
+        events = P.simulate(sched, t_forward=1.0 / v, t_backward=self.backward_ratio / v)
+        if s["schedule"] != "zb-h1":
+            theory = P.theoretical_bubble(s["p"], m, v)
+        elif m >= s["p"] and self.backward_ratio == 2.0:   # F = B = W: idle (p-1) units of 3m + p-1
+            theory = (s["p"] - 1) / (3 * m + s["p"] - 1)
+        else:
+            theory = None                                  # no closed form: the simulation is the answer
+        return {"events": events, "bubble": P.bubble_fraction(events), "theory": theory,
+                "peak_in_flight": P.peak_in_flight(sched), "v": v, "m": m}
+
+    def update(self, **values):
+        """Set the given controls (if any), recompute and redraw; see the class docstring."""
+        return self._set_and_redraw(values)
+
+    def _redraw(self):
+        from IPython.display import display
+        from course_lib.viz import plot_pipeline
+
+        s = self.values()
+        try:
+            res = self.compute()
+        except ValueError as err:
+            self.figure, self.result = None, None
+            self.message = f"Invalid settings: {err}"
+            with self.output:
+                self.output.clear_output(wait=True)
+                print(self.message)
+            return None
+        key = (s["schedule"], s["p"], res["m"])
+        measured = self.measured.get(key)
+        rows = 2 if measured is not None else 1
+        width = min(16.0, 5.0 + 0.25 * len(res["events"][0]))
+        fig, axes = plt.subplots(rows, 1, figsize=(width, (0.45 * s["p"] + 1.3) * rows), squeeze=False)
+        plot_pipeline(res["events"], ax=axes[0][0], n_microbatches=res["m"],
+                      title=(f"{s['schedule']}, p={s['p']}, m={res['m']}"
+                             + (f", v={res['v']}" if res["v"] > 1 else "")
+                             + f" (simulated): bubble {res['bubble']:.1%}, theory {_pct(res['theory'])}"),
+                      xlabel="time (1 = a rank's forward of one micro-batch)")
+        if measured is not None:
+            plot_pipeline(measured, ax=axes[1][0], n_microbatches=res["m"])
+        fig.tight_layout()
+        self.figure = fig
+        self.result = {k: res[k] for k in ("bubble", "theory", "peak_in_flight")}
+        self.message = (f"bubble {res['bubble']:.1%} (theory {_pct(res['theory'])}); micro-batches held "
+                        f"at the peak per rank: {res['peak_in_flight']}")
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(fig)
+            print(self.message)
+        plt.close(fig)
+        return self.result
+
+    def static_text(self) -> str:
+        """The settings and what the simulation gives, readable without a kernel."""
+        s = self.values()
+        return (f"Pipeline explorer (the live controls need a running kernel): {s['schedule']}, p={s['p']}, "
+                f"m={s['m']}, v={s['v']}: {self.message}")
+
+
+def _pct(x) -> str:
+    return "n/a (m < p)" if x is None else f"{x:.1%}"
+
+
+def pipeline_explorer(**kwargs) -> PipelineExplorer:
+    """Build a :class:`PipelineExplorer` and display it; returns it (its ``update`` is callable)."""
+    from IPython.display import display
+
+    ex = PipelineExplorer(**kwargs)
+    display(ex)
+    return ex

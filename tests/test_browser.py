@@ -72,6 +72,7 @@ CASES = [
     WidgetCase("01_compute_and_memory.ipynb", "memory_calculator(",
                ("parameters (billions)", "micro-batch B", "layers L")),
     WidgetCase("03_collectives.ipynb", "ring_step_through(", ("step",)),
+    WidgetCase("08_pipeline_parallel.ipynb", "pipeline_explorer(", ("ranks p", "micro-batches m")),
 ]
 
 

@@ -40,6 +40,10 @@ CELLS = {
         "         (ring_step_label('all-gather', 0, 2), [[11, 22], [11, 22]], {(0, 1), (1, 0)})]\n"
         "st = ring_step_through(snaps, chunk_bounds=[(0, 1), (1, 2)])"
     ),
+    "pipeline": (
+        "from course_lib.widgets import pipeline_explorer\n"
+        "ex = pipeline_explorer(schedule='gpipe', p=4, m=4)"
+    ),
 }
 
 
@@ -130,6 +134,8 @@ def test_progress_bad_arguments(kwargs, match):
                    r"selected ZeRO-3: \d+\.\d GB -> fits in 80 GB"),
     ("steps", r"Step-through \(the slider needs a running kernel\), 3 states: input, "
               r"reduce-scatter 1/1, all-gather 1/1; shown: 'input'"),
+    ("pipeline", r"Pipeline explorer \(the live controls need a running kernel\): gpipe, p=4, m=4, v=2: "
+                 r"bubble 42\.9% \(theory 42\.9%\); micro-batches held at the peak per rank: \[4, 4, 4, 4\]"),
 ])
 def test_widget_saved_output_has_static_fallback(executed, cid, text):
     outs = _cell(executed, cid).outputs
@@ -148,7 +154,7 @@ def test_widget_saved_output_has_static_fallback(executed, cid, text):
 def test_widget_state_saved_for_the_live_view(executed):
     # the widget view refers to a model whose state is stored, so a trusted reopen renders it
     models = _widget_models(executed)
-    for cid in ("calculator", "steps"):
+    for cid in ("calculator", "steps", "pipeline"):
         ref = _cell(executed, cid).outputs[0].data[WIDGET_MIME]["model_id"]
         assert ref in models, f"{cid}: model {ref} not in saved widget state"
 
@@ -241,3 +247,39 @@ def test_ring_pictures_share_one_colour_scale_with_a_colour_bar():
     panels = [ax for ax in fig.axes if ax.images]
     assert len(panels) == 3 and {ax.images[0].get_clim() for ax in panels} == {(1.0, 22.0)}
     assert [ax.get_ylabel() for ax in fig.axes if not ax.images] == ["value"]
+
+
+def test_pipeline_explorer_follows_its_controls():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib import pipeline as P
+    from course_lib.widgets import PipelineExplorer
+
+    ex = PipelineExplorer(schedule="1f1b", p=4, m=8)
+    assert ex.result == {"bubble": pytest.approx(3 / 11), "theory": pytest.approx(3 / 11),
+                         "peak_in_flight": [4, 3, 2, 1]}
+    ex.controls["schedule"].value = "interleaved"          # a user picks another schedule: redrawn
+    assert ex.result["bubble"] == pytest.approx(P.theoretical_bubble(4, 8, 2))
+    assert "interleaved, p=4, m=8, v=2" in ex.figure.axes[0].get_title()
+    assert ex.update(m=6) is None and ex.figure is None     # m not a multiple of p: said, not drawn
+    assert "must be a multiple of 4" in ex.static_text()
+    assert ex.update(schedule="zb-h1", m=8)["bubble"] == pytest.approx(3 / 27)
+    assert ex.update(m=2)["theory"] is None and "n/a (m < p)" in ex.static_text()
+    with pytest.raises(ValueError, match="unknown setting 'q'"):
+        ex.update(q=1)
+
+
+def test_pipeline_explorer_draws_a_measured_timeline_when_it_has_one():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib import pipeline as P
+    from course_lib.widgets import PipelineExplorer
+
+    fake = P.simulate(P.gpipe_schedule(2, 4), t_forward=0.01, t_backward=0.02)
+    for row in fake:
+        for e in row:
+            e["clock"] = "perf_counter"   # shaped like Recorder events
+    ex = PipelineExplorer(schedule="gpipe", p=2, m=4, measured={("gpipe", 2, 4): fake})
+    assert len(ex.figure.axes) == 2 and "measured" in ex.figure.axes[1].get_title()
+    ex.update(m=8)
+    assert len(ex.figure.axes) == 1

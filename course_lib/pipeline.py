@@ -1,0 +1,844 @@
+"""Pipeline parallelism from scratch: stages on real processes, schedules as data, one runner.
+
+A model that is a sequence of layers is cut into ``S`` consecutive **stages**; stage ``s`` lives on
+rank ``s % p`` of a pipeline group of ``p`` ranks (``S = p``, or ``S = v p`` with ``v`` *virtual*
+stages per rank for the interleaved schedule). A batch is split into ``m`` **micro-batches**. A stage's
+forward of micro-batch ``i`` needs the previous stage's output for ``i`` (sent point to point); its
+backward needs the next stage's input gradient for ``i``::
+
+    rank 0 | F0 F1 F2 F3 .  .  .  .  .  .  .  .  .  .  .  B0 B0 B1 B1 B2 B2 B3 B3     GPipe, p = 2, m = 4
+    rank 1 |    F0 F1 F2 F3 B0 B0 B1 B1 B2 B2 B3 B3                                    (a backward takes
+                                                                                       two forwards' time)
+
+A **schedule** is plain data: ``schedule[r]`` is the list of :class:`Action` rank ``r`` executes, in
+order -- ``Action("F", stage, microbatch)`` (forward), ``Action("B", stage, microbatch)`` (backward;
+the input-gradient half only when the schedule also has ``"W"`` actions, the weight-gradient half,
+as in the zero-bubble schedules). The generators:
+
+===============================  =====================================================  ===================
+generator                        what                                                   source
+===============================  =====================================================  ===================
+:func:`naive_schedule`           one batch, one stage busy at a time                     "model parallelism"
+:func:`gpipe_schedule`           all forwards, then all backwards                        Huang et al. 2019
+:func:`one_f_one_b_schedule`     warm up, then alternate one forward / one backward      Narayanan et al. 2019
+                                 (PipeDream-flush): at most ``p - r`` in flight
+:func:`interleaved_1f1b_schedule`  1F1B over ``v`` virtual stages per rank               Narayanan et al. 2021
+:func:`zb_h1_schedule`           1F1B with the backward split into B (input) and W       Qi et al. 2023
+                                 (weights); the W's fill the cool-down bubble
+===============================  =====================================================  ===================
+
+:func:`validate_schedule` checks one (every action once, on the right rank, and no deadlock);
+:func:`simulate` plays it with given action times (no processes) and :func:`run_schedule` executes it
+on the ranks of a process group with ``isend``/``recv`` between them, recording one span per action in
+an active :class:`course_lib.trace.Recorder`. :func:`bubble_fraction` measures the idle share of either
+timeline (:func:`measured_times` reads a measured one's action and hop times back for :func:`simulate`), :func:`theoretical_bubble` is ``(p-1)/(v m + p-1)``, :func:`peak_in_flight` counts the
+micro-batches whose activations a rank holds at once. :func:`partition` cuts an ``nn.Sequential`` into
+balanced stages (by parameter count or by measured time). :func:`torch_pipeline_step` runs the same
+stages with ``torch.distributed.pipelining``, the production API this module is checked against.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from course_lib import trace
+
+__all__ = [
+    "Action",
+    "ScheduleError",
+    "stage_rank",
+    "naive_schedule",
+    "gpipe_schedule",
+    "one_f_one_b_schedule",
+    "interleaved_1f1b_schedule",
+    "zb_h1_schedule",
+    "SCHEDULES",
+    "make_schedule",
+    "format_schedule",
+    "validate_schedule",
+    "simulate",
+    "bubble_fraction",
+    "measured_times",
+    "theoretical_bubble",
+    "peak_in_flight",
+    "split_microbatches",
+    "layer_costs",
+    "balance",
+    "partition",
+    "build_stages",
+    "run_schedule",
+    "torch_schedule",
+    "torch_pipeline_step",
+]
+
+_KINDS = ("F", "B", "W")
+_EVENT_KIND = {"F": "forward", "B": "backward", "W": "weight"}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a schedule: ``kind`` ``"F"`` (forward), ``"B"`` (backward) or ``"W"`` (weight
+    gradient, only in split-backward schedules) of ``microbatch`` on ``stage``.
+
+    ``str(a)`` is short: ``F3`` (forward of micro-batch 3), or ``F3@s5`` with the stage when a rank
+    holds several stages (see :func:`format_schedule`).
+    """
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __post_init__(self):
+        if self.kind not in _KINDS:
+            raise ValueError(f"Action kind must be one of {_KINDS} (forward, backward, weight "
+                             f"gradient), got {self.kind!r}")
+        for name in ("stage", "microbatch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ValueError(f"Action {name} must be an int >= 0, got {v!r}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}"
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run: a missing or repeated action, an action on the wrong rank, or a
+    deadlock (the message names the actions that wait for each other)."""
+
+
+def _check_pos_int(name: str, v, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def stage_rank(stage: int, p: int) -> int:
+    """The rank of a ``p``-rank pipeline group that holds ``stage``: ``stage % p`` (with ``v`` stages per
+    rank, rank ``r`` holds stages ``r, r + p, r + 2p, ...``: the looped placement of Megatron-LM and of
+    ``torch.distributed.pipelining``'s interleaved schedules)."""
+    return int(stage) % int(p)
+
+
+# --------------------------------------------------------------------------- schedules
+def naive_schedule(p: int) -> list[list[Action]]:
+    """Naive model parallelism: the whole batch as one micro-batch. Rank ``r`` runs ``F0`` then ``B0``;
+    at any moment one rank works and ``p - 1`` wait (the bubble is ``(p-1)/p``)."""
+    return gpipe_schedule(p, 1)
+
+
+def gpipe_schedule(p: int, m: int) -> list[list[Action]]:
+    """GPipe (Huang et al. 2019): every rank runs the forwards of all ``m`` micro-batches, then their
+    backwards (in reverse, as autograd would). Rank ``r`` holds all ``m`` micro-batches' activations
+    at the turn."""
+    p, m = _check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m)
+    return [[Action("F", r, i) for i in range(m)] + [Action("B", r, i) for i in reversed(range(m))]
+            for r in range(p)]
+
+
+def one_f_one_b_schedule(p: int, m: int) -> list[list[Action]]:
+    """1F1B, PipeDream-flush (Narayanan et al. 2019, 2021 §2.2.1): rank ``r`` warms up with
+    ``min(p - r - 1, m)`` forwards, then alternates one forward and one backward, then cools down with
+    the remaining backwards. Same bubble as GPipe, but rank ``r`` holds at most ``min(p - r, m)``
+    micro-batches' activations instead of ``m``."""
+    p, m = _check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m)
+    out = []
+    for r in range(p):
+        warm = min(p - r - 1, m)
+        acts = [Action("F", r, i) for i in range(warm)]
+        for i in range(m - warm):
+            acts += [Action("F", r, warm + i), Action("B", r, i)]
+        acts += [Action("B", r, i) for i in range(m - warm, m)]
+        out.append(acts)
+    return out
+
+
+def interleaved_1f1b_schedule(p: int, m: int, v: int) -> list[list[Action]]:
+    """Interleaved 1F1B (Narayanan et al. 2021, §2.2.2): every rank holds ``v`` stages (rank ``r`` holds
+    stages ``r, r + p, ..., r + (v-1) p``, so a micro-batch loops ``v`` times through the ranks), each
+    ``1/v`` of the work, which divides the bubble by ``v``: ``(p-1)/(v m + p - 1)``.
+
+    Rank ``r``'s order is Megatron-LM's: micro-batches go through in groups of ``p``, each group through
+    virtual stage 0, then 1, ...; ``2 (p - r - 1) + (v - 1) p`` forwards warm up, then one forward /
+    one backward, then the backwards that are left. Needs ``m`` divisible by ``p``.
+    """
+    p, m, v = (_check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m),
+               _check_pos_int("v (virtual stages per rank)", v))
+    if m % p:
+        raise ValueError(f"the interleaved schedule sends micro-batches through in groups of p = {p}: "
+                         f"m = {m} must be a multiple of {p} (use m = {max(p, m // p * p)} or "
+                         f"{(m // p + 1) * p})")
+    total = m * v
+
+    def unit(k: int, forward: bool) -> tuple[int, int]:
+        group, within = divmod(k, p * v)
+        chunk = within // p if forward else v - 1 - within // p
+        return chunk, group * p + within % p
+
+    out = []
+    for r in range(p):
+        warm = min(2 * (p - r - 1) + (v - 1) * p, total)
+        F = [Action("F", c * p + r, i) for c, i in (unit(k, True) for k in range(total))]
+        B = [Action("B", c * p + r, i) for c, i in (unit(k, False) for k in range(total))]
+        acts = F[:warm]
+        for k in range(total - warm):
+            acts += [F[warm + k], B[k]]
+        acts += B[total - warm:]
+        out.append(acts)
+    return out
+
+
+def zb_h1_schedule(p: int, m: int) -> list[list[Action]]:
+    """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3): the backward is split into B (the
+    input gradient, which the previous stage waits for) and W (the weight gradient, which nobody waits
+    for). Forwards and B's keep 1F1B's order; each W is deferred while the rank has a B or F that
+    can run, and done where 1F1B would sit idle, or before a forward that would hold more than ``p``
+    micro-batches (1F1B's peak, on rank 0; a micro-batch's activations go with its W). With equal F,
+    B and W times the idle time drops to a third of 1F1B's, ``(p-1)(T_F + T_B - T_W)`` (for
+    ``m >= p``), and no rank holds more micro-batches than 1F1B's rank 0.
+
+    Built greedily from a unit-time simulation (F = B = W = 1): the order is data and valid for any
+    action times (a W depends only on its own B), optimal for equal times.
+    """
+    p, m = _check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m)
+    base = one_f_one_b_schedule(p, m)
+    done: dict[tuple, float] = {}
+    free = [0.0] * p
+    pos = [0] * p
+    pending: list[list[Action]] = [[] for _ in range(p)]
+    alive = [0] * p  # micro-batches whose forward ran and whose W has not
+    out: list[list[Action]] = [[] for _ in range(p)]
+    while any(pos[r] < len(base[r]) or pending[r] for r in range(p)):
+        # the rank that can start something earliest goes next (ties: lower rank)
+        best = None
+        for r in range(p):
+            if pos[r] < len(base[r]):
+                a = base[r][pos[r]]
+                deps = _deps(a, p, split=True)
+                if all(d in done for d in deps):
+                    t = max([free[r]] + [done[d] for d in deps])
+                    # a W that fits before the next F/B can start is done first, and so is one that
+                    # keeps the activations held within 1F1B's peak of p (a W frees its micro-batch)
+                    full = a.kind == "F" and alive[r] >= p
+                    if pending[r] and (free[r] + 1.0 <= t or full):
+                        cand = (free[r], r, "W")
+                    else:
+                        cand = (t, r, "FB")
+                elif pending[r]:
+                    cand = (free[r], r, "W")
+                else:
+                    continue
+            elif pending[r]:
+                cand = (free[r], r, "W")
+            else:
+                continue
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+        t, r, what = best
+        if what == "W":
+            a = pending[r].pop(0)
+            alive[r] -= 1
+        else:
+            a = base[r][pos[r]]
+            pos[r] += 1
+            alive[r] += a.kind == "F"
+            if a.kind == "B":
+                pending[r].append(Action("W", a.stage, a.microbatch))
+        done[(a.kind, a.stage, a.microbatch)] = t + 1.0
+        free[r] = t + 1.0
+        out[r].append(a)
+    return out
+
+
+#: name -> generator(p, m, v), the names the widget and :func:`make_schedule` use
+SCHEDULES = {
+    "naive": lambda p, m, v=1: naive_schedule(p),
+    "gpipe": lambda p, m, v=1: gpipe_schedule(p, m),
+    "1f1b": lambda p, m, v=1: one_f_one_b_schedule(p, m),
+    "interleaved": lambda p, m, v=2: interleaved_1f1b_schedule(p, m, v),
+    "zb-h1": lambda p, m, v=1: zb_h1_schedule(p, m),
+}
+
+
+def make_schedule(name: str, p: int, m: int, v: int = 2) -> list[list[Action]]:
+    """The schedule ``name`` (a key of :data:`SCHEDULES`) for ``p`` ranks and ``m`` micro-batches
+    (``v`` virtual stages per rank for ``"interleaved"``; ``"naive"`` ignores ``m``)."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+    return SCHEDULES[name](p, m, v) if name == "interleaved" else SCHEDULES[name](p, m)
+
+
+def format_schedule(schedule: Sequence[Sequence[Action]]) -> str:
+    """One line per rank: ``rank 0 | F0 F1 B0 ...`` (``F0@s4`` with the stage when ranks hold several)."""
+    many = any(a.stage >= len(schedule) for acts in schedule for a in acts)
+    lines = []
+    for r, acts in enumerate(schedule):
+        text = " ".join(f"{a}@s{a.stage}" if many else str(a) for a in acts)
+        lines.append(f"rank {r} | {text}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- checking and simulating
+def _deps(a: Action, n_stages: int, split: bool) -> list[tuple]:
+    """The actions ``a`` waits for, as ``(kind, stage, microbatch)``."""
+    s, i = a.stage, a.microbatch
+    if a.kind == "F":
+        return [("F", s - 1, i)] if s > 0 else []
+    if a.kind == "B":
+        return [("F", s, i)] + ([("B", s + 1, i)] if s < n_stages - 1 else [])
+    return [("B", s, i)]
+
+
+def _shape(schedule) -> tuple[int, int, int, bool]:
+    """``(p, n_stages, m, split)`` of a schedule, checking its structure; raises ScheduleError."""
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        raise ScheduleError(f"a schedule is a list with one list of Actions per rank, got {schedule!r}")
+    p = len(schedule)
+    for r, acts in enumerate(schedule):
+        if not isinstance(acts, (list, tuple)):
+            raise ScheduleError(f"schedule[{r}] must be the list of rank {r}'s Actions, got {acts!r}")
+        for k, a in enumerate(acts):
+            if not isinstance(a, Action):
+                raise ScheduleError(f"schedule[{r}][{k}] must be an Action('F'|'B'|'W', stage, "
+                                    f"microbatch), got {a!r}")
+    acts = [a for row in schedule for a in row]
+    if not acts:
+        raise ScheduleError("the schedule has no actions")
+    n_stages = max(a.stage for a in acts) + 1
+    m = max(a.microbatch for a in acts) + 1
+    split = any(a.kind == "W" for a in acts)
+    return p, n_stages, m, split
+
+
+def validate_schedule(schedule: Sequence[Sequence[Action]], n_microbatches: int | None = None) -> dict:
+    """Check that ``schedule`` can run, or raise :class:`ScheduleError` saying what is wrong.
+
+    Checked: every action of stage ``s`` is in the list of rank ``s % p``; the stages are ``0 .. S-1``
+    with ``S`` a multiple of ``p``; every (stage, micro-batch) has exactly one F and one B (and one W
+    when the schedule splits the backward), for micro-batches ``0 .. m-1`` (``m = n_microbatches`` when
+    given); and the ranks, each running its list in order, never wait for each other in a cycle.
+
+    Returns ``{"p", "n_stages", "m", "split"}``.
+    """
+    p, n_stages, m, split = _shape(schedule)
+    if n_microbatches is not None:
+        n_microbatches = _check_pos_int("n_microbatches", n_microbatches)
+        if m > n_microbatches:
+            raise ScheduleError(f"the schedule uses micro-batch {m - 1} but there are only "
+                                f"{n_microbatches} (0 .. {n_microbatches - 1})")
+        m = n_microbatches
+    if n_stages % p:
+        raise ScheduleError(f"the schedule has {n_stages} stages on {p} ranks: the number of stages must "
+                            f"be a multiple of the ranks (each rank holds the same number of stages)")
+    seen: dict[tuple, int] = {}
+    for r, acts in enumerate(schedule):
+        for a in acts:
+            if stage_rank(a.stage, p) != r:
+                raise ScheduleError(f"rank {r} lists {a.kind}{a.microbatch} of stage {a.stage}, but stage "
+                                    f"{a.stage} lives on rank {stage_rank(a.stage, p)} (stage s on rank s % p)")
+            key = (a.kind, a.stage, a.microbatch)
+            if key in seen:
+                raise ScheduleError(f"rank {r} runs {a.kind}{a.microbatch} of stage {a.stage} twice")
+            seen[key] = r
+    kinds = ("F", "B", "W") if split else ("F", "B")
+    for s in range(n_stages):
+        for i in range(m):
+            for kind in kinds:
+                if (kind, s, i) not in seen:
+                    what = {"F": "forward", "B": "backward", "W": "weight gradient"}[kind]
+                    raise ScheduleError(f"the {what} {kind}{i} of stage {s} is missing (rank "
+                                        f"{stage_rank(s, p)} must run every micro-batch 0 .. {m - 1} of "
+                                        f"every stage it holds)")
+    _play(schedule, p, n_stages, split, lambda a: 1.0, 0.0)  # raises on a deadlock
+    return {"p": p, "n_stages": n_stages, "m": m, "split": split}
+
+
+def _play(schedule, p, n_stages, split, duration, t_comm) -> list[list[dict]]:
+    """Run the schedule on a clock: each rank runs its actions in order, an action starts when its
+    rank is free and what it waits for has finished (plus ``t_comm`` from another rank)."""
+    done: dict[tuple, float] = {}
+    free = [0.0] * p
+    pos = [0] * p
+    events: list[list[dict]] = [[] for _ in range(p)]
+    while True:
+        progress = False
+        for r in range(p):
+            while pos[r] < len(schedule[r]):
+                a = schedule[r][pos[r]]
+                deps = _deps(a, n_stages, split)
+                if not all(d in done for d in deps):
+                    break
+                start = free[r]
+                for d in deps:
+                    start = max(start, done[d] + (t_comm if stage_rank(d[1], p) != r else 0.0))
+                end = start + duration(a)
+                done[(a.kind, a.stage, a.microbatch)] = end
+                free[r] = end
+                events[r].append(dict(rank=r, kind=_EVENT_KIND[a.kind], name=str(a), stage=a.stage,
+                                      microbatch=a.microbatch, start=start, end=end,
+                                      bytes_sent=0, bytes_recv=0, clock="simulated"))
+                pos[r] += 1
+                progress = True
+        if all(pos[r] == len(schedule[r]) for r in range(p)):
+            return events
+        if not progress:
+            waits = []
+            for r in range(p):
+                if pos[r] < len(schedule[r]):
+                    a = schedule[r][pos[r]]
+                    missing = [d for d in _deps(a, n_stages, split) if d not in done]
+                    need = ", ".join(f"{k}{i} of stage {s} (rank {stage_rank(s, p)})" for k, s, i in missing)
+                    waits.append(f"rank {r} waits at {a.kind}{a.microbatch} of stage {a.stage} for {need}")
+            raise ScheduleError("deadlock: every rank waits for an action that another rank only runs "
+                                "later in its list: " + "; ".join(waits))
+
+
+def simulate(schedule: Sequence[Sequence[Action]], t_forward: float = 1.0, t_backward: float = 2.0,
+             t_weight: float | None = None, t_comm: float = 0.0) -> list[list[dict]]:
+    """Play ``schedule`` on a clock, without processes: each rank runs its actions in order, and an
+    action starts once its rank is free and the actions it waits for are done (``t_comm`` later when
+    they ran on another rank).
+
+    Times are per *stage*: with ``v`` stages per rank give the stage's share (``t_forward / v``). A
+    backward takes ``t_backward``; in a split schedule (with W actions) B takes ``t_backward - t_weight``
+    and W ``t_weight`` (default: half each).
+
+    Returns per-rank event lists in the format of :mod:`course_lib.trace` (``kind`` ``"forward"``,
+    ``"backward"`` or ``"weight"``, plus ``stage`` and ``microbatch``; ``clock="simulated"``), for
+    :func:`bubble_fraction` and :func:`course_lib.viz.plot_pipeline`. Raises :class:`ScheduleError`
+    on an invalid schedule.
+    """
+    info = validate_schedule(schedule)
+    for name, t in (("t_forward", t_forward), ("t_backward", t_backward), ("t_comm", t_comm)):
+        if not isinstance(t, (int, float)) or t < 0 or (name != "t_comm" and t == 0):
+            raise ValueError(f"{name} must be a number > 0 (>= 0 for t_comm), got {t!r}")
+    if info["split"]:
+        t_weight = t_backward / 2 if t_weight is None else float(t_weight)
+        if not 0 < t_weight < t_backward:
+            raise ValueError(f"t_weight must be between 0 and t_backward = {t_backward}, got {t_weight!r}")
+        times = {"F": t_forward, "B": t_backward - t_weight, "W": t_weight}
+    else:
+        times = {"F": t_forward, "B": t_backward}
+    return _play(schedule, info["p"], info["n_stages"], info["split"], lambda a: times[a.kind], t_comm)
+
+
+_COMPUTE_KINDS = ("forward", "backward", "weight")
+
+
+def bubble_fraction(events_per_rank: Sequence[Sequence[dict]]) -> float:
+    """The idle share of a pipeline timeline: ``1 - busy / (p * makespan)``, where ``busy`` sums every
+    rank's forward/backward/weight spans and the makespan runs from the first start to the last end over
+    all ranks. Works for :func:`simulate`'s events and for measured ones (``Recorder.events`` of
+    :func:`run_schedule`)."""
+    evs = [[e for e in row if e.get("kind") in _COMPUTE_KINDS] for row in events_per_rank]
+    flat = [e for row in evs for e in row]
+    if not flat:
+        raise ValueError("no forward/backward events: pass each rank's events from simulate() or from a "
+                         "trace.Recorder around run_schedule()")
+    t0, t1 = min(e["start"] for e in flat), max(e["end"] for e in flat)
+    busy = sum(e["end"] - e["start"] for e in flat)
+    return 1.0 - busy / (len(evs) * (t1 - t0))
+
+
+def measured_times(events_per_rank: Sequence[Sequence[dict]]) -> dict:
+    """What a measured timeline (each rank's ``Recorder.events`` around :func:`run_schedule`) says about
+    its actions, as :func:`simulate`'s arguments: the mean span of a forward (``t_forward``), of a
+    backward (``t_backward``, the B plus the W of a split schedule) and of a W (``t_weight``, ``None``
+    without W), each plus the runner's mean time between two actions that did not wait for another
+    rank; and ``t_comm``, the mean delay from the end of an action on another rank to the start of the
+    action that waited for it (where that was the last thing it waited for). Simulating
+    the schedule with these times explains a measured bubble: compute plus the hop on the critical path.
+    """
+    rows = [[e for e in row if e.get("kind") in _COMPUTE_KINDS] for row in events_per_rank]
+    letter = {v: k for k, v in _EVENT_KIND.items()}
+    by_key = {(letter[e["kind"]], e["stage"], e["microbatch"]): e for row in rows for e in row}
+    if not by_key:
+        raise ValueError("no forward/backward events with stage and microbatch: pass each rank's "
+                         "Recorder.events from run_schedule()")
+    p = len(rows)
+    n_stages = max(k[1] for k in by_key) + 1
+    split = any(k[0] == "W" for k in by_key)
+    mean = {k: [e["end"] - e["start"] for row in rows for e in row if letter[e["kind"]] == k] for k in _KINDS}
+    avg = {k: (sum(v) / len(v) if v else None) for k, v in mean.items()}
+    waits, gaps = [], []
+    for r, row in enumerate(rows):
+        prev_end = None
+        for e in sorted(row, key=lambda e: e["start"]):
+            deps = _deps(Action(letter[e["kind"]], e["stage"], e["microbatch"]), n_stages, split)
+            cross = [by_key[d]["end"] for d in deps if stage_rank(d[1], p) != r and d in by_key]
+            if cross and (prev_end is None or max(cross) >= prev_end):
+                waits.append(max(0.0, e["start"] - max(cross)))     # it waited for another rank
+            elif prev_end is not None:
+                gaps.append(max(0.0, e["start"] - prev_end))        # the runner's own time between actions
+            prev_end = e["end"]
+    gap = sum(gaps) / len(gaps) if gaps else 0.0
+    t = {k: (v + gap if v is not None else None) for k, v in avg.items()}
+    t_backward = t["B"] + (t["W"] or 0.0) if split else t["B"]
+    return {"t_forward": t["F"], "t_backward": t_backward, "t_weight": t["W"] if split else None,
+            "t_comm": sum(waits) / len(waits) if waits else 0.0}
+
+
+def theoretical_bubble(p: int, m: int, v: int = 1) -> float:
+    """``(p - 1) / (v m + p - 1)``: the idle share of GPipe and 1F1B (``v = 1``; Huang et al. 2019) and of
+    interleaved 1F1B with ``v`` virtual stages per rank (Narayanan et al. 2021, §2.2.2), when every stage
+    takes the same time and communication is free."""
+    p, m, v = _check_pos_int("p", p), _check_pos_int("m", m), _check_pos_int("v", v)
+    return (p - 1) / (v * m + p - 1)
+
+
+def peak_in_flight(schedule: Sequence[Sequence[Action]]) -> list[int]:
+    """Per rank, the most (stage, micro-batch) pairs whose forward has run and whose backward has not
+    finished (the last of B and W) at any point of its list: the activations it holds at its peak."""
+    p, n_stages, m, split = _shape(schedule)
+    last = "W" if split else "B"
+    out = []
+    for acts in schedule:
+        alive = peak = 0
+        for a in acts:
+            if a.kind == "F":
+                alive += 1
+                peak = max(peak, alive)
+            elif a.kind == last:
+                alive -= 1
+        out.append(peak)
+    return out
+
+
+# --------------------------------------------------------------------------- partitioning
+def split_microbatches(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """``batch`` cut into ``m`` equal micro-batches along dimension 0 (views, no copy)."""
+    m = _check_pos_int("m (micro-batches)", m)
+    if not isinstance(batch, torch.Tensor) or batch.dim() == 0:
+        raise TypeError(f"batch must be a tensor with a batch dimension, got {batch!r}")
+    n = batch.shape[0]
+    if n % m:
+        divisors = [d for d in range(1, n + 1) if n % d == 0]
+        raise ValueError(f"{m} micro-batches do not divide the batch of {n} samples; choose m among "
+                         f"{divisors} or change the batch size to a multiple of {m}")
+    return list(batch.chunk(m))
+
+
+def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor | None = None,
+                repeats: int = 3) -> list[float]:
+    """The cost of each layer of ``model``: its parameter count (``by="params"``) or its measured
+    forward + backward seconds on ``example`` (``by="time"``, the median of ``repeats`` runs)."""
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"partitioning needs an nn.Sequential (a model that is a list of layers), got "
+                        f"{type(model).__name__}; wrap your layers in nn.Sequential(...)")
+    if by == "params":
+        return [float(sum(p.numel() for p in layer.parameters())) for layer in model]
+    if by != "time":
+        raise ValueError(f"by must be 'params' or 'time', got {by!r}")
+    if example is None:
+        raise ValueError("by='time' measures each layer on an input: pass example=<a batch for the model>")
+    costs = [[] for _ in model]
+    for _ in range(_check_pos_int("repeats", repeats)):
+        x = example
+        for k, layer in enumerate(model):
+            x = x.detach().requires_grad_(x.is_floating_point())
+            t0 = time.perf_counter()
+            y = layer(x)
+            y.float().sum().backward()
+            costs[k].append(time.perf_counter() - t0)
+            x = y
+    return [sorted(c)[len(c) // 2] for c in costs]
+
+
+def balance(costs: Sequence[float], n_stages: int) -> list[range]:
+    """Cut layers with ``costs`` into ``n_stages`` consecutive, non-empty stages so that the most
+    expensive stage is as cheap as possible (the pipeline runs at the pace of its slowest stage).
+    Returns one ``range`` of layer indices per stage. Exact (dynamic programming over cut points)."""
+    costs = [float(c) for c in costs]
+    L = len(costs)
+    n_stages = _check_pos_int("n_stages", n_stages)
+    if n_stages > L:
+        raise ValueError(f"cannot cut {L} layers into {n_stages} stages: every stage needs at least one "
+                         f"layer; use at most {L} stages (or a model with more layers)")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    INF = math.inf
+    # best[k][j]: the smallest max-stage cost of the first j layers in k stages; cut[k][j]: last cut
+    best = [[INF] * (L + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (L + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_stages + 1):
+        for j in range(k, L - (n_stages - k) + 1):
+            for i in range(k - 1, j):
+                c = max(best[k - 1][i], prefix[j] - prefix[i])
+                if c < best[k][j] - 1e-12:
+                    best[k][j], cut[k][j] = c, i
+    bounds, j = [], L
+    for k in range(n_stages, 0, -1):
+        i = cut[k][j]
+        bounds.append(range(i, j))
+        j = i
+    return bounds[::-1]
+
+
+def partition(model: nn.Sequential, n_stages: int, by: str = "params",
+              example: torch.Tensor | None = None) -> list[range]:
+    """Balanced stages of ``model``: :func:`balance` of :func:`layer_costs` (``by="params"`` or
+    ``"time"``, which needs ``example``). Returns one ``range`` of layer indices per stage."""
+    return balance(layer_costs(model, by, example), n_stages)
+
+
+def build_stages(model: nn.Sequential, bounds: Sequence[range], stages: Sequence[int]) -> dict[int, nn.Module]:
+    """``{stage: nn.Sequential of its layers}`` for the ``stages`` this rank holds (the layers are
+    shared with ``model``, not copied)."""
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"build_stages needs an nn.Sequential, got {type(model).__name__}")
+    out = {}
+    for s in stages:
+        if not 0 <= s < len(bounds):
+            raise ValueError(f"stage {s} does not exist: the partition has {len(bounds)} stages")
+        out[s] = nn.Sequential(*[model[k] for k in bounds[s]])
+    return out
+
+
+# --------------------------------------------------------------------------- the runner
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+_HEADER = 9  # dtype code, ndim, up to 7 sizes
+
+
+def _global(group, r: int) -> int:
+    return r if group is None else dist.get_global_rank(group, r)
+
+
+def _tag(kind: int, stage: int, mb: int, m: int, part: int) -> int:
+    return ((kind * 4096 + stage) * m + mb) * 2 + part
+
+
+def _send(t: torch.Tensor, dst: int, group, tag: int, works: list, header: bool = True) -> None:
+    """``isend`` ``t`` to ``dst``, preceded (``header=True``) by a small tensor with its dtype and shape;
+    the ``(work, tensor)`` pairs go to ``works`` (the tensors must live until the sends complete)."""
+    t = t.detach().contiguous()
+    if t.dtype not in _DTYPES or t.dim() > _HEADER - 2:
+        raise TypeError(f"a stage's output must be a floating tensor ({_DTYPES}) with at most "
+                        f"{_HEADER - 2} dimensions, got {t.dtype} with shape {tuple(t.shape)}")
+    if header:
+        h = torch.zeros(_HEADER, dtype=torch.int64)
+        h[0], h[1] = _DTYPES.index(t.dtype), t.dim()
+        h[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        works.append((dist.isend(h, dst, group=group, tag=tag), h))
+    works.append((dist.isend(t, dst, group=group, tag=tag + 1), t))
+
+
+def _recv(src: int, group, tag: int, known: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+    """Receive a tensor :func:`_send` sent: first its header, unless ``known`` (dtype, shape) already
+    says what comes. Returns the tensor and its (dtype, shape)."""
+    if known is None:
+        h = torch.zeros(_HEADER, dtype=torch.int64)
+        dist.recv(h, src, group=group, tag=tag)
+        known = (_DTYPES[int(h[0])], tuple(h[2:2 + int(h[1])].tolist()))
+    t = torch.empty(known[1], dtype=known[0])
+    dist.recv(t, src, group=group, tag=tag + 1)
+    return t, known
+
+
+def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Module],
+                 microbatches: Sequence[torch.Tensor] | None = None,
+                 targets: Sequence[torch.Tensor] | None = None,
+                 loss_fn: Callable | None = None, group=None,
+                 after_action: Callable[[Action, int], None] | None = None) -> dict:
+    """Run one training step's forwards and backwards of ``schedule`` on this rank of ``group``.
+
+    Args:
+        schedule: one list of :class:`Action` per rank of ``group`` (the same on every rank); checked
+            with :func:`validate_schedule` first, so a bad schedule raises instead of hanging.
+        stages: ``{stage: module}`` for exactly the stages this rank holds (``s % p == rank``).
+        microbatches: the ``m`` input micro-batches, needed on the rank that holds stage 0.
+        targets: the ``m`` target micro-batches, needed on the rank that holds the last stage.
+        loss_fn: ``loss_fn(output, target)`` -> the micro-batch's mean loss (last stage); each is scaled
+            by ``1/m``, so the gradients equal those of the whole batch's mean loss.
+        group: the pipeline's process group (``None``: the default group).
+        after_action: called as ``after_action(action, send_buffer_bytes)`` once each action is done
+            (e.g. to read the memory a rank holds between actions, as notebook 08 does);
+            ``send_buffer_bytes`` is what this rank's unfinished ``isend``s of gradients still hold (see
+            below; a sent activation is the stage's output, kept for the backward anyway).
+
+    Activations go forward and gradients backward with ``isend``/``recv``, tagged by stage and
+    micro-batch; the first micro-batch a stage receives from a neighbour is preceded by a small header
+    with its dtype and shape, the others reuse it (every micro-batch of a stage must have the same shape,
+    as :func:`split_microbatches` makes them; a different one raises on the sending rank). Gradients accumulate in the
+    stages' parameters (zero them between steps). In an active :class:`course_lib.trace.Recorder`,
+    every action is one span of kind ``"forward"``, ``"backward"`` or ``"weight"`` with ``stage`` and
+    ``microbatch``.
+
+    A sent tensor is kept until its ``isend`` completes. A gloo send reports completion only when it is
+    waited for, and waiting before the peer receives could deadlock, so the runner waits where the
+    schedule proves the peer has received: an activation's send once the gradient for the same
+    micro-batch comes back; the gradients' sends at the end of the step (on gloo they stay alive until
+    then; NCCL's are released as they complete).
+
+    Returns ``{"losses": [m floats] on the last stage's rank, else None, "loss": their mean or None}``.
+    """
+    p, rank = dist.get_world_size(group), dist.get_rank(group)
+    info = validate_schedule(schedule)
+    if info["p"] != p:
+        raise ScheduleError(f"the schedule has lists for {info['p']} ranks but the group has {p}")
+    n_stages, m, split = info["n_stages"], info["m"], info["split"]
+    mine = sorted({a.stage for a in schedule[rank]})
+    if sorted(stages) != mine:
+        raise ValueError(f"rank {rank} holds stages {mine} in this schedule; pass stages={{s: module}} for "
+                         f"exactly those, got {sorted(stages)}")
+    last = n_stages - 1
+    if 0 in mine and (microbatches is None or len(microbatches) != m):
+        raise ValueError(f"rank {rank} holds stage 0: pass microbatches=<list of the {m} input micro-batches>")
+    if last in mine and (targets is None or len(targets) != m or loss_fn is None):
+        raise ValueError(f"rank {rank} holds the last stage ({last}): pass targets=<list of the {m} target "
+                         f"micro-batches> and loss_fn")
+    # Every micro-batch of a stage has the same shape, so the shape header travels once per stage and
+    # direction: with the first micro-batch the *receiver* takes (both sides know the whole schedule).
+    header_mb: dict[tuple, int] = {}
+    for acts in schedule:
+        for a in acts:
+            if a.kind == "F" and a.stage > 0:
+                header_mb.setdefault((0, a.stage - 1), a.microbatch)   # activation sent by stage - 1
+            elif a.kind == "B" and a.stage < last:
+                header_mb.setdefault((1, a.stage + 1), a.microbatch)   # gradient sent by stage + 1
+    known: dict[tuple, tuple] = {}      # (direction, sending stage) -> (dtype, shape), as received
+    sent: dict[tuple, tuple] = {}       # (direction, sending stage) -> (dtype, shape), as sent
+
+    def send(t, direction, stage, mb, dst):
+        meta = (t.dtype, tuple(t.shape))
+        if sent.setdefault((direction, stage), meta) != meta:
+            what = "output" if direction == 0 else "input gradient"
+            raise ValueError(f"stage {stage}'s {what} for micro-batch {mb} is {meta[0]} {meta[1]}, but was "
+                             f"{sent[(direction, stage)][0]} {sent[(direction, stage)][1]} for an earlier one: "
+                             f"every micro-batch must have the same shape (use split_microbatches)")
+        _send(t, _global(group, dst), group, _tag(direction, stage, mb, m, 0),
+              pending.setdefault((direction, stage, mb), []), header=header_mb[(direction, stage)] == mb)
+
+    def recv(direction, stage, mb, src):
+        t, known[(direction, stage)] = _recv(_global(group, src), group, _tag(direction, stage, mb, m, 0),
+                                             known.get((direction, stage)))
+        return t
+
+    rec = trace.current()
+    # unfinished isends: (kind 0 activation / 1 gradient, stage, mb) -> [(work, tensor), (work, tensor)]
+    pending: dict[tuple, list] = {}
+    saved: dict[tuple, list] = {}  # (stage, mb) -> [input, output or loss, gradient of the output]
+    losses = [None] * m
+    for a in schedule[rank]:
+        s, i = a.stage, a.microbatch
+        for key in [k for k, ws in pending.items() if all(w.is_completed() for w, _ in ws)]:
+            del pending[key]                                     # sent (NCCL reports it; gloo does not)
+        span = (rec.span(_EVENT_KIND[a.kind], str(a), stage=s, microbatch=i) if rec is not None
+                else _nullcontext())
+        if a.kind == "F":
+            x = microbatches[i] if s == 0 else recv(0, s - 1, i, stage_rank(s - 1, p))
+            if s > 0:
+                x.requires_grad_(True)
+            with span:
+                y = stages[s](x)
+                if s == last:
+                    loss = loss_fn(y, targets[i])
+                    losses[i] = float(loss.detach())
+                    y = loss / m
+            if s != last:
+                send(y, 0, s, i, stage_rank(s + 1, p))
+            saved[(s, i)] = [x, y, None]
+        elif a.kind == "B":
+            x, y, _ = saved[(s, i)]
+            g = None if s == last else recv(1, s + 1, i, stage_rank(s + 1, p))
+            # stage s+1 sent this gradient after its forward of i, which received our activation of
+            # i: that send has completed, so waiting for it returns at once and frees the buffer
+            for w, _ in pending.pop((0, s, i), []):
+                w.wait()
+            with span:
+                if not split:
+                    torch.autograd.backward(y, g)
+                    gx = x.grad if s > 0 else None
+                elif s > 0:
+                    gx, = torch.autograd.grad(y, x, g, retain_graph=True)
+                else:
+                    gx = None
+            if s > 0:
+                send(gx, 1, s, i, stage_rank(s - 1, p))
+            if split:
+                saved[(s, i)][2] = g
+            else:
+                del saved[(s, i)]
+        else:  # W: the weight gradient of a split backward
+            x, y, g = saved.pop((s, i))
+            params = [q for q in stages[s].parameters() if q.requires_grad]
+            with span:
+                if params:
+                    torch.autograd.backward(y, g, inputs=params)
+        x = y = g = gx = loss = None  # drop this action's references: what is alive is what is kept
+        if after_action is not None:
+            after_action(a, sum(t.untyped_storage().nbytes() for (kind, _, _), ws in pending.items()
+                                if kind == 1 for _, t in ws))
+    for ws in pending.values():
+        for w, _ in ws:
+            w.wait()
+    if last not in mine:
+        return {"losses": None, "loss": None}
+    return {"losses": losses, "loss": sum(losses) / m}
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --------------------------------------------------------------------------- the production API
+def torch_schedule(schedule: str, stages: dict[int, nn.Module], n_stages: int, n_microbatches: int,
+                   loss_fn: Callable | None = None, group=None):
+    """The ``torch.distributed.pipelining`` schedule object for this rank's ``stages`` (``{stage:
+    module}``, stage ``s`` on rank ``s % p``): ``schedule`` is ``"gpipe"`` (``ScheduleGPipe``),
+    ``"1f1b"`` (``Schedule1F1B``) or ``"interleaved"`` (``ScheduleInterleaved1F1B``). Build it once and
+    call :func:`torch_pipeline_step` with it for every step (its first step also infers the shapes)."""
+    from torch.distributed import pipelining as P
+
+    classes = {"gpipe": P.ScheduleGPipe, "1f1b": P.Schedule1F1B, "interleaved": P.ScheduleInterleaved1F1B}
+    if schedule not in classes:
+        raise ValueError(f"schedule must be one of {sorted(classes)}, got {schedule!r}")
+    device = torch.device("cpu")
+    pstages = [P.PipelineStage(mod, s, n_stages, device, group=group) for s, mod in sorted(stages.items())]
+    if schedule == "interleaved":
+        sched = classes[schedule](pstages, n_microbatches, loss_fn=loss_fn)
+    else:
+        if len(pstages) != 1:
+            raise ValueError(f"{schedule} holds one stage per rank; got {len(pstages)} (use 'interleaved')")
+        sched = classes[schedule](pstages[0], n_microbatches, loss_fn=loss_fn)
+    sched._course_stages = (0 in stages, (n_stages - 1) in stages)
+    return sched
+
+
+def torch_pipeline_step(schedule, stages: dict[int, nn.Module] | None = None, n_stages: int | None = None,
+                        n_microbatches: int | None = None, batch: torch.Tensor | None = None,
+                        target: torch.Tensor | None = None, loss_fn: Callable | None = None,
+                        group=None) -> float | None:
+    """One step with ``torch.distributed.pipelining`` (the production API). ``schedule`` is a name
+    (``"gpipe"``, ``"1f1b"``, ``"interleaved"``: the schedule is built with :func:`torch_schedule` from
+    ``stages``, ``n_stages``, ``n_microbatches``, ``loss_fn``, ``group``) or an object
+    :func:`torch_schedule` returned (reused; the other arguments but ``batch``/``target`` are ignored).
+    ``batch`` on stage 0's rank, ``target`` on the last stage's; torch splits them into micro-batches.
+    Returns the mean micro-batch loss on the last stage's rank, else ``None``. Gradients are scaled by
+    ``1/n_microbatches`` (torch's ``scale_grads=True``), as :func:`run_schedule`'s are."""
+    if isinstance(schedule, str):
+        if stages is None or n_stages is None or n_microbatches is None:
+            raise ValueError("with a schedule name, pass stages, n_stages and n_microbatches")
+        schedule = torch_schedule(schedule, stages, n_stages, n_microbatches, loss_fn, group)
+    holds_first, holds_last = schedule._course_stages
+    losses: list = []
+    args = (batch,) if holds_first else ()
+    kwargs = {}
+    if holds_last:
+        kwargs.update(target=target, losses=losses)
+    schedule.step(*args, **kwargs)
+    if not holds_last:
+        return None
+    return float(sum(float(x.detach()) for x in losses) / len(losses))
