@@ -624,23 +624,33 @@ def _send(t: torch.Tensor, dst: int, group, tag: int, works: list, header: bool 
         raise TypeError(f"a stage's output must be a floating tensor ({_DTYPES}) with at most "
                         f"{_HEADER - 2} dimensions, got {t.dtype} with shape {tuple(t.shape)}")
     if header:
-        h = torch.zeros(_HEADER, dtype=torch.int64)
+        h = torch.zeros(_HEADER, dtype=torch.int64, device=t.device)   # NCCL sends device tensors only
         h[0], h[1] = _DTYPES.index(t.dtype), t.dim()
         h[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
         works.append((dist.isend(h, dst, group=group, tag=tag), h))
     works.append((dist.isend(t, dst, group=group, tag=tag + 1), t))
 
 
-def _recv(src: int, group, tag: int, known: tuple | None = None) -> tuple[torch.Tensor, tuple]:
-    """Receive a tensor :func:`_send` sent: first its header, unless ``known`` (dtype, shape) already
-    says what comes. Returns the tensor and its (dtype, shape)."""
+def _recv(src: int, group, tag: int, known: tuple | None = None,
+          device: torch.device | str = "cpu") -> tuple[torch.Tensor, tuple]:
+    """Receive a tensor :func:`_send` sent, onto ``device``: first its header, unless ``known``
+    (dtype, shape) already says what comes. Returns the tensor and its (dtype, shape)."""
     if known is None:
-        h = torch.zeros(_HEADER, dtype=torch.int64)
+        h = torch.zeros(_HEADER, dtype=torch.int64, device=device)
         dist.recv(h, src, group=group, tag=tag)
         known = (_DTYPES[int(h[0])], tuple(h[2:2 + int(h[1])].tolist()))
-    t = torch.empty(known[1], dtype=known[0])
+    t = torch.empty(known[1], dtype=known[0], device=device)
     dist.recv(t, src, group=group, tag=tag + 1)
     return t, known
+
+
+def _device(stages: dict[int, nn.Module]) -> torch.device:
+    """Where this rank's stages live (their first parameter's device; the CPU for stages without
+    parameters): received activations and gradients are allocated there (NCCL needs GPU tensors)."""
+    for mod in stages.values():
+        for q in mod.parameters():
+            return q.device
+    return torch.device("cpu")
 
 
 def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Module],
@@ -719,8 +729,10 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
 
     def recv(direction, stage, mb, src):
         t, known[(direction, stage)] = _recv(_global(group, src), group, _tag(direction, stage, mb, m, 0),
-                                             known.get((direction, stage)))
+                                             known.get((direction, stage)), device)
         return t
+
+    device = _device(stages)
 
     rec = trace.current()
     # unfinished isends: (kind 0 activation / 1 gradient, stage, mb) -> [(work, tensor), (work, tensor)]
@@ -805,7 +817,7 @@ def torch_schedule(schedule: str, stages: dict[int, nn.Module], n_stages: int, n
     classes = {"gpipe": P.ScheduleGPipe, "1f1b": P.Schedule1F1B, "interleaved": P.ScheduleInterleaved1F1B}
     if schedule not in classes:
         raise ValueError(f"schedule must be one of {sorted(classes)}, got {schedule!r}")
-    device = torch.device("cpu")
+    device = _device(stages)
     pstages = [P.PipelineStage(mod, s, n_stages, device, group=group) for s, mod in sorted(stages.items())]
     if schedule == "interleaved":
         sched = classes[schedule](pstages, n_microbatches, loss_fn=loss_fn)

@@ -14,8 +14,8 @@ chromium, driven by Playwright:
    arrow key, as a learner using the keyboard does) and checks that the slider's readout and the
    widget's figure (the ``<img>`` data URL, i.e. the PNG the kernel sent back) change.
 
-Both notebooks are run in full from the UI (Run All Cells: 01 in 12-41 s, 03 in 38 s on 2 shared, loaded
-cores; the whole file in about 85 s), so no cell subset is needed. The committed outputs are cleared first
+The notebooks are run in full from the UI (Run All Cells; the whole test on 2 shared, loaded cores: 01 in
+22 s, 03 in 46 s, 08 in 55 s, in CI on 2026-12-04), so no cell subset is needed. The committed outputs are cleared first
 (Edit > Clear Outputs of All Cells): the checks see only what this run drew. Screenshots (the page after the run; the widget cell before and after each slider
 move) and the browser's console log go to build/browser-artifacts/ (git-ignored).
 
