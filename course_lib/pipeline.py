@@ -39,6 +39,7 @@ stages with ``torch.distributed.pipelining``, the production API this module is 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import time
@@ -744,7 +745,7 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
         for key in [k for k, ws in pending.items() if all(w.is_completed() for w, _ in ws)]:
             del pending[key]                                     # sent (NCCL reports it; gloo does not)
         span = (rec.span(_EVENT_KIND[a.kind], str(a), stage=s, microbatch=i) if rec is not None
-                else _nullcontext())
+                else contextlib.nullcontext())
         if a.kind == "F":
             x = microbatches[i] if s == 0 else recv(0, s - 1, i, stage_rank(s - 1, p))
             if s > 0:
@@ -795,14 +796,6 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
     if last not in mine:
         return {"losses": None, "loss": None}
     return {"losses": losses, "loss": sum(losses) / m}
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # --------------------------------------------------------------------------- the production API
