@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["plot_timeline", "plot_pipeline", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
+__all__ = ["plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
 
 # Fixed colours for the two conventional kinds, so compute/comm look the same in every notebook.
 KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange"}
@@ -252,3 +252,70 @@ def plot_ring_steps(snapshots, chunk_bounds, fig=None, ncols: int = 4, fmt: str 
         fig.colorbar(axes.flat[0].images[0], ax=axes, label=colorbar, shrink=0.9)
     fig.suptitle(suptitle)
     return fig
+
+
+AXIS_COLORS = {"tp": "tab:green", "pp": "tab:blue", "dp": "tab:red"}
+
+
+def plot_mesh(mesh, bytes_per_axis: dict | None = None, ax=None, title: str | None = None,
+              unit: str = "KB per rank per step", scale: float = 1e3):
+    """Draw a ``(dp, pp, tp)`` :class:`course_lib.mesh.Mesh`: one panel per data-parallel replica, a box
+    per rank (pipeline stages as rows, tensor-parallel ranks as columns) and the links each axis uses
+    (tp: inside a row, pp: between rows, dp: between replicas). ``bytes_per_axis`` (``{axis: bytes}``,
+    e.g. measured with :class:`course_lib.mesh.CommMeter`) is written into the legend as
+    ``bytes / scale`` in ``unit``."""
+    import matplotlib.patches as mpatches
+
+    if tuple(mesh.names) != ("dp", "pp", "tp"):
+        raise ValueError(f"plot_mesh draws meshes with axes ('dp', 'pp', 'tp'), got {mesh.names}")
+    dp, pp, tp = mesh.shape
+    ax = _new_ax(ax, (min(2.2 + 1.6 * dp * tp, 12), 1.4 + 1.0 * pp))
+    gap = 1.0
+    pos = {}
+    for r in range(mesh.size):
+        c = mesh.coords(r)
+        pos[r] = (c["dp"] * (tp + gap) + c["tp"], -c["pp"])
+    for d in range(dp):
+        x0 = d * (tp + gap) - 0.45
+        ax.add_patch(mpatches.FancyBboxPatch((x0, -pp + 0.5), tp - 0.1, pp, boxstyle="round,pad=0.05",
+                                             fc="0.96", ec="0.7", zorder=0))
+        ax.text(x0 + (tp - 0.1) / 2, -pp + 0.42, f"replica dp={d}", ha="center", va="top", fontsize=9)
+
+    def label(axis, text):
+        if bytes_per_axis and axis in bytes_per_axis:
+            return f"{text}: {bytes_per_axis[axis] / scale:,.1f} {unit}"
+        return text
+
+    drawn = set()
+    for axis, text, style in (("tp", "tp group (all-reduces in every layer)", "-"),
+                              ("pp", "pp group (activations and gradients)", "-"),
+                              ("dp", "dp group (gradient all-reduce)", "--")):
+        if mesh.degree(axis) == 1:
+            continue
+        for g in mesh.groups(axis):
+            for a, b in zip(g[:-1], g[1:]):
+                (xa, ya), (xb, yb) = pos[a], pos[b]
+                kw = dict(color=AXIS_COLORS[axis], lw=2.2, ls=style, zorder=1)
+                if axis == "dp":   # arc over the panels, so it does not run through other boxes
+                    import numpy as np
+                    xs = np.linspace(xa, xb, 30)
+                    lift = 0.34 + 0.16 * mesh.coords(a)["tp"]   # different heights: crossings stay legible
+                    ys = ya + 0.25 + lift * np.sin(np.linspace(0, np.pi, 30))
+                    ax.plot(xs, ys, label=None if axis in drawn else label(axis, text), **kw)
+                else:
+                    ax.plot([xa, xb], [ya, yb], label=None if axis in drawn else label(axis, text), **kw)
+                drawn.add(axis)
+    for r, (x, y) in pos.items():
+        c = mesh.coords(r)
+        ax.add_patch(mpatches.FancyBboxPatch((x - 0.27, y - 0.25), 0.54, 0.5, boxstyle="round,pad=0.02",
+                                             fc="white", ec="k", zorder=2))
+        ax.text(x, y + 0.07, f"{r}", ha="center", va="center", fontsize=11, weight="bold", zorder=3)
+        ax.text(x, y - 0.14, f"s{c['pp']} t{c['tp']}", ha="center", va="center", fontsize=7, color="0.35", zorder=3)
+    ax.set_xlim(-0.8, dp * (tp + gap) - gap - 0.2)
+    ax.set_ylim(-pp + 0.1, 1.3 if dp > 1 else 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title or f"{mesh}: rank (stage s, tensor-parallel rank t)")
+    if drawn:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=1, fontsize=8, frameon=False)
+    return ax

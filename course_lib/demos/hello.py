@@ -28,6 +28,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from course_lib.demos import finish
 from course_lib.launch import device, init_from_env
 
 
@@ -73,13 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     line = (f"[rank {rank}/{world_size} on {out['device']} via {out['backend']}] before={out['before']} "
             f"after_broadcast={out['after_broadcast']} after_all_reduce={out['after_all_reduce']} "
             f"{'OK' if ok else 'WRONG'}\n")
-    # One write of the whole line: the ranks share torchrun's stdout, and print() may write the
-    # text and the newline separately (unbuffered output), letting another rank's line slip between.
-    sys.stdout.write(line)
-    sys.stdout.flush()
-    dist.destroy_process_group()
-    if not ok:
-        raise SystemExit(1)
+    finish(line, ok)
 
 
 if __name__ == "__main__":
