@@ -5,6 +5,8 @@ several CPU devices. Sections:
 
 * Collectives (notebook 03): a ring all-reduce written with ``jax.lax.ppermute`` (one neighbour
   exchange per step) inside ``shard_map``, equal to ``jax.lax.psum``.
+* Mixture of experts (notebook 10): the source's exercise 3 (:func:`moe_layer`) and the same layer
+  expert-parallel with ``jax.lax.all_to_all`` (:func:`expert_parallel_moe`).
 
 Other notebooks add their sections below, each with its own header.
 """
@@ -21,7 +23,8 @@ except ImportError:  # pragma: no cover - older JAX
     from jax.experimental.shard_map import shard_map as _shard_map
 
 __all__ = ["shard_map", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
-           "ring_all_reduce_sharded", "count_hlo_ops"]
+           "ring_all_reduce_sharded", "count_hlo_ops", "expert_fn", "moe_layer", "moe_dispatch_masks",
+           "expert_parallel_moe"]
 
 
 def shard_map(f, mesh, in_specs, out_specs):
@@ -119,3 +122,74 @@ def count_hlo_ops(fn, *args, ops=("collective-permute", "all-reduce")) -> dict:
         # "= f32[..] collective-permute(" or "collective-permute-start(" (async form)
         out[op] = len(re.findall(rf"\s{re.escape(op)}(?:-start)?\(", text))
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# Mixture of experts (notebook 10): the source's exercise 3, then expert parallelism
+# ------------------------------------------------------------------------------------------
+def expert_fn(x, W1, b1, W2, b2):
+    """The source's expert: a two-layer ReLU FFN, ``relu(x W1 + b1) W2 + b2``."""
+    return jnp.maximum(0, x @ W1 + b1) @ W2 + b2
+
+
+def moe_layer(x, gate_W, experts_params, top_k=2):
+    """The source's exercise 3, completed: ``x`` ``(T, d)``, ``gate_W`` ``(d, E)``, ``experts_params`` a list
+    of ``(W1, b1, W2, b2)``. Softmax router, top-k, the k probabilities renormalised, the chosen
+    experts' outputs weighted and summed. Every expert runs on every token and a mask keeps the chosen
+    ones (the source's simplification: E times the FLOPs of a real MoE, fine at this size).
+    Returns ``(output (T, d), gate_probs (T, E))``."""
+    probs = jax.nn.softmax(x @ gate_W, axis=-1)                           # (T, E)
+    top_p, top_i = jax.lax.top_k(probs, top_k)                           # (T, k), best first
+    top_p = top_p / top_p.sum(axis=-1, keepdims=True)
+    outs = jnp.stack([expert_fn(x, *p) for p in experts_params], axis=1)   # (T, E, d)
+    chosen = jnp.take_along_axis(outs, top_i[:, :, None], axis=1)         # (T, k, d)
+    return (chosen * top_p[:, :, None]).sum(axis=1), probs
+
+
+def moe_dispatch_masks(probs, top_k: int, capacity: int):
+    """GShard's dense dispatch: ``dispatch (T, E, C)`` one-hot (token t goes to slot c of expert e)
+    and ``combine (T, E, C)`` (the same, times the token's renormalised weight). Slots first come,
+    first served, all first choices before the second ones; a choice beyond ``capacity`` is dropped."""
+    T, E = probs.shape
+    top_p, top_i = jax.lax.top_k(probs, top_k)
+    top_p = top_p / top_p.sum(axis=-1, keepdims=True)
+    onehot = jax.nn.one_hot(top_i.T.reshape(-1), E, dtype=jnp.int32)     # (k T, E), choice-major
+    pos = (jnp.cumsum(onehot, axis=0) - 1) * onehot                        # slot within its expert
+    pos = pos.sum(axis=-1).reshape(top_k, T).T                             # (T, k)
+    keep = pos < capacity
+    slot = jax.nn.one_hot(jnp.where(keep, pos, capacity), capacity)        # (T, k, C); dropped -> zeros
+    expert = jax.nn.one_hot(top_i, E)                                      # (T, k, E)
+    dispatch = jnp.einsum("tke,tkc->tec", expert, slot)
+    combine = jnp.einsum("tke,tkc,tk->tec", expert, slot, top_p)
+    return dispatch, combine
+
+
+def expert_parallel_moe(x, gate_W, W1, b1, W2, b2, mesh: Mesh, axis: str = "x", top_k: int = 2,
+                        capacity: int | None = None):
+    """The same MoE layer with experts split over the devices of ``mesh`` axis ``axis``, in ``shard_map``.
+
+    ``x`` ``(T, d)`` is split by tokens, the stacked expert weights ``W1 (E, d, f)``, ``b1 (E, f)``,
+    ``W2 (E, f, d)``, ``b2 (E, d)`` by experts (``E / n`` per device), the router replicated. On each
+    device: route its tokens, build the ``(E, C, d)`` dispatch buffer with :func:`moe_dispatch_masks`,
+    ``jax.lax.all_to_all`` it so that device j gets every device's tokens for its experts, run them,
+    ``all_to_all`` back, combine. ``capacity``: slots per expert and device (default: all of a device's
+    tokens, nothing drops)."""
+    n = mesh.shape[axis]
+    E = W1.shape[0]
+    if E % n:
+        raise ValueError(f"{E} experts do not split over {n} devices")
+
+    def local(x, gate_W, W1, b1, W2, b2):
+        t = x.shape[0]
+        C = t if capacity is None else capacity
+        dispatch, combine = moe_dispatch_masks(jax.nn.softmax(x @ gate_W, axis=-1), top_k, C)
+        buf = jnp.einsum("tec,td->ecd", dispatch, x)                        # (E, C, d), expert-major
+        buf = buf.reshape(n, E // n, C, x.shape[1])                          # block j -> device j
+        buf = jax.lax.all_to_all(buf, axis, split_axis=0, concat_axis=0, tiled=True)   # (n src, E/n, C, d)
+        h = jnp.maximum(0, jnp.einsum("secd,edf->secf", buf, W1) + b1[None, :, None, :])
+        y = jnp.einsum("secf,efd->secd", h, W2) + b2[None, :, None, :]
+        y = jax.lax.all_to_all(y, axis, split_axis=0, concat_axis=0, tiled=True)       # back: (n, E/n, C, d)
+        return jnp.einsum("tec,ecd->td", combine, y.reshape(E, C, x.shape[1]))
+
+    f = shard_map(local, mesh, in_specs=(P(axis), P(), P(axis), P(axis), P(axis), P(axis)), out_specs=P(axis))
+    return f(x, gate_W, W1, b1, W2, b2)

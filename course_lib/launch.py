@@ -14,8 +14,11 @@
     with Cluster(4) as cluster:          # warm workers: the start-up is paid once
         cluster.run(hello)
 
-How it works. ``Cluster(n)`` starts ``n`` fresh Python interpreters (the equivalent of
-multiprocessing's *spawn* start method: nothing is inherited but the two pipes below). The caller hosts
+How it works. ``Cluster(n)`` starts ``n`` worker processes that inherit nothing from the caller but
+three pipes. On Linux they are forked from a *template* process (:mod:`course_lib._zygote`) that
+imported torch once, so a rank starts in milliseconds instead of the second ``import torch`` takes;
+elsewhere, with an emulated network, with NCCL, or with ``COURSE_NO_ZYGOTE=1`` each rank is a fresh
+interpreter (the equivalent of multiprocessing's *spawn*). The caller hosts
 a ``TCPStore``; every rank joins it and calls ``init_process_group``. A call ships ``(fn, args)`` to all
 ranks by value with cloudpickle (so functions defined in a notebook work), runs ``fn(rank, world_size,
 *args)`` and sends the return value back. stdout/stderr of each rank are read by the caller and
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import queue
 import signal
 import subprocess
@@ -151,6 +155,117 @@ class _Rank:
         self.proc.stdout.close()
 
 
+class _ForkedProc:
+    """The caller's handle of a rank forked by the zygote: the parts of ``subprocess.Popen`` that
+    :class:`Cluster` uses (``pid``, ``stdout``, ``poll``, ``wait``, ``kill``). The exit code comes from
+    the zygote, which reaps its children."""
+
+    def __init__(self, zygote: "_Zygote", pid: int, stdout):
+        self.zygote, self.pid, self.stdout = zygote, pid, stdout
+
+    def poll(self) -> int | None:
+        return self.zygote.exit_code(self.pid)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.zygote.wait_exit(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class _Zygote:
+    """One pre-forked template per caller process (see :mod:`course_lib._zygote`): ``import torch`` is
+    paid once, and every rank after that is a fork. Linux only; ``COURSE_NO_ZYGOTE=1`` turns it off."""
+
+    _instance: "_Zygote | None" = None
+    _broken = False
+
+    @classmethod
+    def get(cls) -> "_Zygote | None":
+        if cls._broken or not sys.platform.startswith("linux") or os.environ.get("COURSE_NO_ZYGOTE"):
+            return None
+        z = cls._instance
+        if z is None or z.proc.poll() is not None:
+            try:
+                z = cls._instance = _Zygote()
+            except Exception:  # noqa: BLE001 - fall back to starting interpreters
+                cls._broken = True
+                return None
+        return z
+
+    def __init__(self):
+        import socket
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([_PKG_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "course_lib._zygote", str(theirs.fileno())],
+                                     env=env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self.sock = ours
+        self.codes: dict[int, int] = {}
+        self.cond = threading.Condition()
+        self.replies: "queue.Queue[int]" = queue.Queue()
+        self.lock = threading.Lock()
+        ours.settimeout(120)
+        kind, self.pid = pickle.loads(ours.recv(1 << 16))
+        if kind != "ready":
+            raise RuntimeError("the rank template did not start")
+        ours.settimeout(None)
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                msg = self.sock.recv(1 << 16)
+            except OSError:
+                msg = b""
+            if not msg:
+                with self.cond:
+                    self.cond.notify_all()
+                return
+            m = pickle.loads(msg)
+            if m[0] == "spawned":
+                self.replies.put(m[1])
+            elif m[0] == "exited":
+                with self.cond:
+                    self.codes[m[1]] = m[2]
+                    self.cond.notify_all()
+
+    def spawn(self, env: dict, fds: tuple[int, int, int], stdout) -> _ForkedProc:
+        import socket
+        with self.lock:
+            socket.send_fds(self.sock, [pickle.dumps(("spawn", env))], list(fds))
+            pid = self.replies.get(timeout=60)
+        return _ForkedProc(self, pid, stdout)
+
+    def exit_code(self, pid: int) -> int | None:
+        with self.cond:
+            return self.codes.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while pid not in self.codes:
+                if self.proc.poll() is not None:   # the template died: its children die with it
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        self.codes[pid] = -signal.SIGKILL
+                        break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self.cond.wait(0.1 if left is None else min(left, 0.1))
+            return self.codes[pid]
+
+
 class Cluster:
     """``world_size`` warm ranks with an initialised default process group.
 
@@ -227,9 +342,17 @@ class Cluster:
                            COURSE_PARENT_PID=str(os.getpid()), COURSE_BACKEND=self.backend,
                            COURSE_THREADS=str(self.threads), COURSE_PG_TIMEOUT=str(pg_timeout),
                            COURSE_STORE_HOST=store_host, COURSE_STORE_PORT=str(self._store.port))
-                proc = subprocess.Popen(prefix(r) + [sys.executable, "-u", "-m", "course_lib._worker"],
-                                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, pass_fds=(task_r, res_w))
+                zygote = _Zygote.get() if self.network is None and self.backend == "gloo" else None
+                if zygote is not None:   # fork from the template that has torch imported already
+                    out_r, out_w = os.pipe()
+                    try:
+                        proc = zygote.spawn(dict(env), (task_r, res_w, out_w), os.fdopen(out_r, "rb"))
+                    finally:
+                        os.close(out_w)
+                else:
+                    proc = subprocess.Popen(prefix(r) + [sys.executable, "-u", "-m", "course_lib._worker"],
+                                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, pass_fds=(task_r, res_w))
                 os.close(task_r)
                 os.close(res_w)
                 rank = _Rank(r, proc, Connection(task_w, readable=False),

@@ -380,3 +380,22 @@ def test_jax_collective_that_waits_too_long_ends_with_a_message():
     assert proc.returncode != 0, "the late device should have ended the run, not let it finish"
     assert time.monotonic() - t0 < 50
     assert "Termination timeout" in proc.stderr and "Expected 4 threads to join" in proc.stderr, proc.stderr[-2000:]
+
+
+def _parent(rank, world_size):
+    import os
+    return os.getppid()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the rank template is Linux only")
+def test_ranks_fork_from_the_template_and_can_start_as_interpreters():
+    from course_lib.launch import _Zygote
+    with Cluster(2) as c:
+        parents = c.run(_parent)
+    z = _Zygote.get()
+    assert z is not None and parents == [z.pid, z.pid] and z.pid != os.getpid()
+    code = ("from course_lib.launch import Cluster\nimport os\n"
+            "with Cluster(2) as c:\n    print(c.run(lambda r, w: os.getppid()) == [os.getpid()] * 2)\n")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COURSE_NO_ZYGOTE": "1"})
+    assert out.returncode == 0 and out.stdout.strip().endswith("True"), out.stdout + out.stderr[-2000:]

@@ -1,0 +1,396 @@
+"""Mixture of experts from scratch: a router, top-k dispatch with capacity, and expert parallelism.
+
+A mixture-of-experts (MoE) layer replaces a transformer block's one feed-forward network (FFN) by
+``E`` expert FFNs and a *router* (gating network, Shazeer et al. 2017) that sends each token to its
+``k`` best experts (``k = 1``: Switch Transformer, Fedus et al. 2021; ``k = 2``: GShard, Lepikhin et
+al. 2020, and Mixtral, Jiang et al. 2024). The parameters grow ``E`` times; the FLOPs per token grow
+only ``k`` times (plus the router's ``h E``).
+
+::
+
+    tokens x (T, h) --router--> probs (T, E) --top-k--> expert ids (T, k), weights (T, k)
+         |                                                   |
+         +--dispatch: each expert gets its tokens, at most C of them (C = capacity)
+         |        expert e: FFN_e(x[tokens of e])            (T_e <= C, h) -> (T_e, h)
+         +--combine: y_t = sum over the token's k choices of weight * FFN_e(x_t)
+            a token an expert had no room for gets nothing from it: the block's residual carries it
+
+Pieces: :func:`route` (softmax, top-k, normalising the k weights or not, optional noise),
+:func:`load_balancing_loss` (Switch's ``alpha E sum_i f_i P_i``), :func:`router_z_loss` (Zoph et al.
+2022), :func:`expert_capacity` and :func:`dispatch_positions` (first come, first served, the first
+choices of all tokens before the second ones), :class:`MoELayer` (one process) and
+:class:`ExpertParallelMoE` (experts split across the ranks of a group, tokens exchanged with two
+all-to-alls each way), :class:`MoEBlock` / :func:`moe_gpt` (the tiny GPT with MoE FFNs), and
+:func:`mixtral_parameters` (total vs active parameters from a published configuration).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib import trace
+
+__all__ = [
+    "Routing", "route", "load_balancing_loss", "router_z_loss", "expert_capacity", "dispatch_positions",
+    "Expert", "MoELayer", "ExpertParallelMoE", "MoEBlock", "moe_gpt", "all_to_all_bytes",
+    "mixtral_parameters", "MIXTRAL_8X7B",
+]
+
+
+def _pos_int(name: str, v, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return int(v)
+
+
+# --------------------------------------------------------------------------- routing
+@dataclass
+class Routing:
+    """What the router decided for ``T`` tokens and ``E`` experts.
+
+    ``logits``/``probs``: ``(T, E)`` (softmax over all experts); ``experts``: ``(T, k)`` the chosen
+    expert ids, best first; ``weights``: ``(T, k)`` the combine weights (the chosen probabilities,
+    renormalised to sum to 1 when ``normalize``)."""
+    logits: torch.Tensor
+    probs: torch.Tensor
+    experts: torch.Tensor
+    weights: torch.Tensor
+
+
+def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: bool = True,
+          noise_std: float = 0.0, generator: torch.Generator | None = None) -> Routing:
+    """Route tokens ``x`` ``(T, h)`` with the router's weight ``(E, h)`` (an ``nn.Linear`` layout).
+
+    ``probs = softmax(x W^T)`` over all ``E`` experts; each token takes its ``top_k`` largest.
+    ``normalize=True`` divides the chosen ``k`` probabilities by their sum (GShard, Mixtral: the
+    weights of a token sum to 1, equal to a softmax over the chosen logits only); ``False`` keeps
+    them as they are (Switch with ``k = 1``: the output is scaled by the router's confidence, which is
+    what gives the router a gradient when ``k = 1``: a renormalised single weight is always 1).
+    ``noise_std > 0`` adds Gaussian noise to the logits before the choice (exploration while training;
+    Shazeer et al. 2017 learn its scale, here it is fixed)."""
+    if x.dim() != 2 or gate_weight.dim() != 2 or x.shape[1] != gate_weight.shape[1]:
+        raise ValueError(f"route expects tokens (T, h) and a router weight (E, h); got {tuple(x.shape)} "
+                         f"and {tuple(gate_weight.shape)}")
+    E = gate_weight.shape[0]
+    k = _pos_int("top_k", top_k)
+    if k > E:
+        raise ValueError(f"top_k={k} but there are only {E} experts; choose top_k <= {E}")
+    logits = x @ gate_weight.t()                                         # (T, E)
+    if noise_std > 0:
+        logits = logits + noise_std * torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
+    probs = logits.softmax(dim=-1)
+    top_p, top_i = probs.topk(k, dim=-1)                                 # (T, k) each, best first
+    if normalize:
+        top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    return Routing(logits, probs, top_i, top_p)
+
+
+def tokens_per_expert(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """How many of the ``(T, k)`` choices went to each expert: ``(E,)`` counts."""
+    return torch.bincount(experts.reshape(-1), minlength=n_experts)
+
+
+def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
+    """Switch Transformer's auxiliary loss (Fedus et al. 2021, §2.2, Eq. 4-6):
+    ``alpha * E * sum_i f_i * P_i``.
+
+    ``f_i``: the fraction of the token choices dispatched to expert ``i`` (counted from the top-k
+    choices: the first choice for ``k = 1``, all ``k`` of them otherwise, as GShard does); not
+    differentiable. ``P_i``: the mean router probability of expert ``i`` over the tokens; its gradient
+    pushes probability away from the experts that receive too much. Uniform routing gives ``alpha``
+    (its minimum); all tokens on one expert with full confidence give ``alpha * E``."""
+    T, E = routing.probs.shape
+    f = tokens_per_expert(routing.experts, E).to(routing.probs.dtype) / routing.experts.numel()
+    P = routing.probs.mean(dim=0)
+    return alpha * E * (f * P).sum()
+
+
+def router_z_loss(routing: Routing, beta: float = 1e-3) -> torch.Tensor:
+    """ST-MoE's router z-loss (Zoph et al. 2022, §3.1, Eq. 5): ``beta * mean_t (log sum_i exp(x_ti))^2``;
+    keeps the router's logits small, which keeps its softmax numerically stable."""
+    return beta * torch.logsumexp(routing.logits, dim=-1).pow(2).mean()
+
+
+def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert: ``ceil(capacity_factor * k * T / E)`` (Fedus et al. 2021, Eq. 3, with ``k``
+    choices per token). ``capacity_factor = 1`` is exactly enough when routing is perfectly balanced."""
+    T, E, k = _pos_int("n_tokens", n_tokens, 0), _pos_int("n_experts", n_experts), _pos_int("top_k", top_k)
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
+    return max(1, math.ceil(capacity_factor * k * T / E))
+
+
+def dispatch_positions(experts: torch.Tensor, n_experts: int, capacity: int) -> torch.Tensor:
+    """The slot each choice gets in its expert's buffer, or ``-1`` when the expert is full (dropped).
+
+    ``experts``: ``(T, k)``. Slots are handed out first come, first served, all tokens' first choices
+    before any second choice (GShard's order: a token's best expert matters most), tokens in order.
+    Returns ``(T, k)`` int64."""
+    T, k = experts.shape
+    order = experts.t().reshape(-1)                                      # choice j of all tokens, then j+1
+    onehot = F.one_hot(order, n_experts)                                 # (k T, E)
+    pos = (onehot.cumsum(dim=0) - 1).gather(1, order[:, None]).squeeze(1)   # rank among its expert's choices
+    pos = torch.where(pos < capacity, pos, torch.full_like(pos, -1))
+    return pos.view(k, T).t().contiguous()
+
+
+# --------------------------------------------------------------------------- experts and the layer
+class Expert(nn.Module):
+    """A two-layer FFN ``fc2(act(fc1(x)))``: the tiny GPT's MLP (GELU, ``d_ff = 4 h``) or the source's
+    exercise 3 expert (ReLU)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu"):
+        super().__init__()
+        if activation not in ("gelu", "relu"):
+            raise ValueError(f"activation must be 'gelu' or 'relu', got {activation!r}")
+        self.fc1, self.fc2, self.activation = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model), activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        return self.fc2(F.gelu(h) if self.activation == "gelu" else F.relu(h))
+
+
+def _span(kind: str, name: str):
+    rec = trace.current()
+    return rec.span(kind, name) if rec is not None else contextlib.nullcontext()
+
+
+class MoELayer(nn.Module):
+    """A mixture-of-experts FFN on one process: ``(..., h) -> (..., h)``.
+
+    Args:
+        d_model, d_ff: sizes of each expert (``Expert``), ``n_experts``: ``E``, ``top_k``: ``k``.
+        capacity_factor: slots per expert ``ceil(cf * k * T / E)`` for the ``T`` tokens of a call;
+            ``None``: unlimited (no token is dropped).
+        normalize: renormalise each token's ``k`` weights (see :func:`route`).
+        noise_std: router noise while ``self.training``.
+        activation: the experts' (``"gelu"`` or ``"relu"``).
+
+    After each call ``self.last`` holds ``routing`` (:class:`Routing`), ``counts`` (choices per expert,
+    before dropping), ``dropped`` (fraction of the ``k T`` choices that found no slot) and the two
+    auxiliary losses ``lb_loss`` (:func:`load_balancing_loss` with ``alpha = 1``: scale it yourself)
+    and ``z_loss`` (with ``beta = 1``).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, *,
+                 capacity_factor: float | None = None, normalize: bool = True, noise_std: float = 0.0,
+                 activation: str = "gelu"):
+        super().__init__()
+        self.n_experts, self.top_k = _pos_int("n_experts", n_experts), _pos_int("top_k", top_k)
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={top_k} but only {n_experts} experts; choose top_k <= n_experts")
+        self.capacity_factor, self.normalize, self.noise_std = capacity_factor, normalize, noise_std
+        self.gate = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(d_model, d_ff, activation) for _ in range(n_experts))
+        self.last: dict = {}
+
+    def capacity(self, n_tokens: int) -> int:
+        if self.capacity_factor is None:
+            return max(n_tokens, 1)               # an expert can take every token: nothing drops
+        return expert_capacity(n_tokens, self.n_experts, self.top_k, self.capacity_factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])                                    # (T, h)
+        with _span("compute", "route"):
+            r = route(tokens, self.gate.weight, self.top_k, normalize=self.normalize,
+                      noise_std=self.noise_std if self.training else 0.0)
+            pos = dispatch_positions(r.experts, self.n_experts, self.capacity(tokens.shape[0]))
+        out = torch.zeros_like(tokens)
+        with _span("compute", "experts"):
+            for e, expert in enumerate(self.experts):
+                t_idx, slot = ((r.experts == e) & (pos >= 0)).nonzero(as_tuple=True)   # kept choices of e
+                if t_idx.numel():
+                    y = expert(tokens[t_idx])                                # (T_e, h)
+                    out = out.index_add(0, t_idx, y * r.weights[t_idx, slot, None])
+        self.last = {"routing": r, "counts": tokens_per_expert(r.experts, self.n_experts),
+                     "dropped": float((pos < 0).float().mean()),
+                     "lb_loss": load_balancing_loss(r, 1.0), "z_loss": router_z_loss(r, 1.0)}
+        return out.view(shape)
+
+    def aux_loss(self, alpha: float = 0.01, beta: float = 0.0) -> torch.Tensor:
+        """``alpha * lb_loss + beta * z_loss`` of the last call (add it to the training loss)."""
+        return alpha * self.last["lb_loss"] + beta * self.last["z_loss"]
+
+
+# --------------------------------------------------------------------------- expert parallelism
+class _AllToAll(torch.autograd.Function):
+    """All-to-all of equal blocks along dim 0 (``world`` blocks); its gradient is the all-to-all of the
+    gradient blocks back (the transpose of a permutation is its inverse)."""
+
+    @staticmethod
+    def forward(ctx, x, group, builtin, name):
+        ctx.group, ctx.builtin, ctx.name = group, builtin, name
+        return _all_to_all(x, group, builtin, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_to_all(grad.contiguous(), ctx.group, ctx.builtin, ctx.name + " (backward)"), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tensor:
+    from course_lib import collectives
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    with _span("comm", name):
+        if builtin:
+            dist.all_to_all_single(out, x, group=group)
+        else:
+            n = dist.get_world_size(group)
+            collectives.all_to_all(list(out.chunk(n)), list(x.chunk(n)), group=group)
+    return out
+
+
+def all_to_all_bytes(world_size: int, experts_per_rank: int, capacity: int, d_model: int,
+                     bytes_per_value: int = 4) -> int:
+    """Bytes one rank sends in one all-to-all of :class:`ExpertParallelMoE`: a block of
+    ``experts_per_rank * capacity * d_model`` values to each of the other ``world_size - 1`` ranks (the
+    buffers have a fixed size, padded where an expert got fewer tokens). A forward sends two (dispatch
+    and combine), the backward two more."""
+    return (world_size - 1) * experts_per_rank * capacity * d_model * bytes_per_value
+
+
+class ExpertParallelMoE(nn.Module):
+    """An MoE layer with its ``E`` experts split across the ``n`` ranks of ``group`` (``E / n`` each).
+
+    Every rank routes its own tokens (the router is replicated; data parallelism over tokens), packs
+    them into a fixed-size buffer ``(n, E/n, C, h)`` (``C`` slots per expert and source rank, GShard's
+    layout), and one all-to-all sends block ``j`` to rank ``j``; each rank runs its experts on what it
+    received from every rank; a second all-to-all returns the results, and each rank combines its
+    tokens' outputs. The backward runs the same two all-to-alls in reverse.
+
+    ``capacity_factor=None`` gives every expert room for all of a rank's tokens (nothing drops: equal to
+    :class:`MoELayer` on the concatenated tokens of all ranks). The replicated router's gradient is
+    partial on each rank: average it over the group as data parallelism does (:meth:`sync_router_grad`).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, group=None, *,
+                 capacity_factor: float | None = None, normalize: bool = True, activation: str = "gelu",
+                 builtin: bool = False, _full: MoELayer | None = None):
+        super().__init__()
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        if n_experts % n:
+            raise ValueError(f"{n_experts} experts do not split over {n} ranks; use a multiple of {n} experts "
+                             f"or a group whose size divides {n_experts}")
+        self.group, self.world, self.rank, self.builtin = group, n, r, builtin
+        self.n_experts, self.top_k, self.local = n_experts, top_k, n_experts // n
+        self.capacity_factor, self.normalize = capacity_factor, normalize
+        self.first = r * self.local                       # my experts: first .. first + local - 1
+        self.gate = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(d_model, d_ff, activation) for _ in range(self.local))
+        if _full is not None:
+            import copy
+            self.gate = copy.deepcopy(_full.gate)
+            self.experts = nn.ModuleList(copy.deepcopy(_full.experts[self.first + i]) for i in range(self.local))
+        self.last: dict = {}
+
+    @classmethod
+    def from_moe(cls, moe: MoELayer, group=None, *, builtin: bool = False) -> "ExpertParallelMoE":
+        """Split ``moe`` (the same on every rank): this rank keeps its ``E / n`` experts and the router."""
+        e0 = moe.experts[0]
+        return cls(e0.fc1.in_features, e0.fc1.out_features, moe.n_experts, moe.top_k, group,
+                   capacity_factor=moe.capacity_factor, normalize=moe.normalize, activation=e0.activation,
+                   builtin=builtin, _full=moe)
+
+    def capacity(self, n_tokens: int) -> int:
+        if self.capacity_factor is None:
+            return max(n_tokens, 1)
+        return expert_capacity(n_tokens, self.n_experts, self.top_k, self.capacity_factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])                                    # (T, h) this rank's tokens
+        T, h = tokens.shape
+        n, L, C = self.world, self.local, self.capacity(T)
+        with _span("compute", "route"):
+            r = route(tokens, self.gate.weight, self.top_k, normalize=self.normalize)
+            pos = dispatch_positions(r.experts, self.n_experts, C)           # (T, k) slot or -1
+        with _span("compute", "dispatch: pack"):
+            keep = pos >= 0
+            t_idx, j_idx = keep.nonzero(as_tuple=True)                       # kept choices
+            e_idx, s_idx = r.experts[t_idx, j_idx], pos[t_idx, j_idx]
+            flat = torch.zeros(self.n_experts * C, h, dtype=tokens.dtype, device=tokens.device)
+            flat = flat.index_copy(0, e_idx * C + s_idx, tokens[t_idx])      # (E C, h): expert-major
+        # expert e lives on rank e // L: block j of the buffer (experts j L .. (j+1) L - 1) goes to rank j
+        recv = _AllToAll.apply(flat, self.group, self.builtin, "all-to-all: dispatch")   # (n L C, h)
+        with _span("compute", "experts"):
+            recv = recv.view(n, L, C, h)                                     # (source rank, my expert, slot, h)
+            outs = [self.experts[i](recv[:, i].reshape(n * C, h)).view(n, 1, C, h) for i in range(L)]
+            done = torch.cat(outs, dim=1).reshape(n * L * C, h)
+        back = _AllToAll.apply(done, self.group, self.builtin, "all-to-all: combine")    # (E C, h) mine
+        with _span("compute", "combine"):
+            y = back.index_select(0, e_idx * C + s_idx) * r.weights[t_idx, j_idx, None]
+            out = torch.zeros_like(tokens).index_add(0, t_idx, y)
+        self.last = {"routing": r, "counts": tokens_per_expert(r.experts, self.n_experts),
+                     "dropped": float((~keep).float().mean()), "capacity": C,
+                     "lb_loss": load_balancing_loss(r, 1.0), "z_loss": router_z_loss(r, 1.0)}
+        return out.view(shape)
+
+    def sync_router_grad(self) -> None:
+        """Average the replicated router's gradient over the group (each rank saw only its tokens)."""
+        g = self.gate.weight.grad
+        if g is not None:
+            dist.all_reduce(g, group=self.group)
+            g /= self.world
+
+
+# --------------------------------------------------------------------------- in a GPT
+class MoEBlock(nn.Module):
+    """``models.Block`` with its FFN replaced by an MoE layer: ``x + attn(ln1(x))``, then ``x + moe(ln2(x))``
+    (a token dropped by every chosen expert passes through the residual unchanged)."""
+
+    def __init__(self, block: nn.Module, moe: nn.Module):
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.moe = block.ln1, block.attn, block.ln2, moe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.moe(self.ln2(x))
+
+
+def moe_gpt(n_experts: int, top_k: int = 2, *, capacity_factor: float | None = 1.25, normalize: bool = True,
+            noise_std: float = 0.0, **gpt_kwargs) -> nn.Module:
+    """A :class:`course_lib.models.TinyGPT` (``gpt_kwargs``) whose blocks' FFNs are :class:`MoELayer`
+    of ``n_experts`` experts of the dense FFN's size (``4 h``). ``model.moe_layers()`` lists them."""
+    from course_lib.models import TinyGPT
+    model = TinyGPT(**gpt_kwargs)
+    h = model.wte.embedding_dim
+    model.blocks = nn.ModuleList(
+        MoEBlock(b, MoELayer(h, 4 * h, n_experts, top_k, capacity_factor=capacity_factor, normalize=normalize,
+                             noise_std=noise_std)) for b in model.blocks)
+    model.moe_layers = lambda: [b.moe for b in model.blocks]
+    return model
+
+
+# --------------------------------------------------------------------------- Mixtral's arithmetic
+#: Mixtral 8x7B's published configuration (Jiang et al. 2024, Table 1; the model's config.json):
+#: SwiGLU experts (three matrices each), grouped-query attention, untied input and output embeddings.
+MIXTRAL_8X7B = dict(hidden=4096, layers=32, ffn=14336, experts=8, top_k=2, heads=32, kv_heads=8, vocab=32000)
+
+
+def mixtral_parameters(hidden: int, layers: int, ffn: int, experts: int, top_k: int, heads: int,
+                       kv_heads: int, vocab: int) -> dict:
+    """Total and active (per token) parameters of a Mixtral-style decoder, counted matrix by matrix.
+
+    Per layer: attention ``q, o: h x h`` and ``k, v: h x (h kv_heads / heads)``; ``experts`` SwiGLU FFNs
+    of three ``h x ffn`` matrices; a router ``h x experts``; two RMSNorm vectors. Around the layers:
+    token embedding and output head, ``vocab x h`` each (untied), and a final norm. No biases.
+    Active parameters count ``top_k`` experts instead of all of them (the embedding lookup counted as
+    active, as Mistral's "12.9B active" does). Returns a dict of counts."""
+    h, kv = hidden, hidden * kv_heads // heads
+    attention = 2 * h * h + 2 * h * kv
+    expert = 3 * h * ffn
+    router, norms = h * experts, 2 * h
+    embeddings = 2 * vocab * h + h
+    total = layers * (attention + experts * expert + router + norms) + embeddings
+    active = layers * (attention + top_k * expert + router + norms) + embeddings
+    return {"attention_per_layer": attention, "expert": expert, "router_per_layer": router,
+            "embeddings": embeddings, "total": total, "active": active}

@@ -1,0 +1,194 @@
+"""Mixture of experts (course_lib.moe and the JAX section of course_lib.jax_spmd).
+
+The router, the dispatch order, capacity and the auxiliary losses need no processes; expert
+parallelism runs on one warm 4-rank cluster (2 and 4 ranks) and must equal the one-process layer on
+the concatenated tokens, outputs and gradients, with the all-to-all bytes equal to the formula.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_lib import moe as X
+from course_lib.launch import Cluster, RankError
+
+
+def _reference(layer, tokens):
+    """Token by token: sum over the token's kept choices of weight * expert(token)."""
+    r = X.route(tokens, layer.gate.weight, layer.top_k, normalize=layer.normalize)
+    pos = X.dispatch_positions(r.experts, layer.n_experts, layer.capacity(tokens.shape[0]))
+    out = torch.zeros_like(tokens)
+    for t in range(tokens.shape[0]):
+        for j in range(layer.top_k):
+            if pos[t, j] >= 0:
+                out[t] += r.weights[t, j] * layer.experts[int(r.experts[t, j])](tokens[t])
+    return out
+
+
+@pytest.mark.parametrize("k, cf, normalize", [(1, None, False), (2, None, True), (2, 0.5, True), (3, 1.0, False)])
+def test_moe_layer_equals_the_token_by_token_definition(k, cf, normalize):
+    torch.manual_seed(0)
+    layer = X.MoELayer(8, 16, 4, k, capacity_factor=cf, normalize=normalize).double()
+    x = torch.randn(2, 9, 8, dtype=torch.float64)
+    y = layer(x)
+    assert torch.allclose(y.reshape(-1, 8), _reference(layer, x.reshape(-1, 8)), atol=1e-12)
+    if cf is None:
+        assert layer.last["dropped"] == 0.0
+    assert int(layer.last["counts"].sum()) == 18 * k
+
+
+def test_route_top_k_and_normalisation():
+    torch.manual_seed(1)
+    x, w = torch.randn(20, 6), torch.randn(5, 6)
+    r = X.route(x, w, 2)
+    assert torch.allclose(r.probs.sum(-1), torch.ones(20))
+    assert torch.equal(r.experts, r.probs.topk(2, dim=-1).indices)
+    assert torch.allclose(r.weights.sum(-1), torch.ones(20))
+    # renormalised top-k probabilities are a softmax over the chosen logits
+    chosen = r.logits.gather(1, r.experts)
+    assert torch.allclose(r.weights, chosen.softmax(-1), atol=1e-6)
+    raw = X.route(x, w, 2, normalize=False)
+    assert torch.allclose(raw.weights, r.probs.gather(1, r.experts))
+    noisy = X.route(x, w, 2, noise_std=5.0, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(noisy.experts, r.experts)
+
+
+def test_dispatch_is_first_come_first_served_first_choices_first():
+    pos = X.dispatch_positions(torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]]), 3, 2)
+    assert pos.tolist() == [[0, 1], [1, 0], [-1, -1], [0, -1]]
+    assert X.expert_capacity(16, 4, 2, 1.0) == 8 and X.expert_capacity(15, 4, 2, 0.5) == 4
+
+
+def test_load_balancing_loss_is_alpha_when_uniform_and_alpha_E_when_collapsed():
+    E, T = 4, 8
+    uniform = X.Routing(torch.zeros(T, E), torch.full((T, E), 1 / E), torch.arange(T)[:, None] % E,
+                        torch.ones(T, 1))
+    assert float(X.load_balancing_loss(uniform, alpha=0.01)) == pytest.approx(0.01)
+    collapsed = X.Routing(torch.zeros(T, E), torch.eye(E)[torch.zeros(T, dtype=torch.long)],
+                          torch.zeros(T, 1, dtype=torch.long), torch.ones(T, 1))
+    assert float(X.load_balancing_loss(collapsed, alpha=0.01)) == pytest.approx(0.01 * E)
+    # its gradient lowers the probability of the overloaded expert
+    logits = torch.tensor([[2.0, 0.0, 0.0, 0.0]] * T, requires_grad=True)
+    r = X.route(torch.eye(4)[:1].repeat(T, 1), torch.eye(4), 1)
+    r = X.Routing(logits, logits.softmax(-1), r.experts, torch.ones(T, 1))
+    X.load_balancing_loss(r).backward()
+    assert (logits.grad[:, 0] > 0).all()
+    z = X.router_z_loss(X.Routing(torch.full((2, 4), 3.0), None, None, None), beta=1.0)
+    assert float(z) == pytest.approx((3 + math.log(4)) ** 2)
+
+
+def test_bad_input_says_what_to_change():
+    with pytest.raises(ValueError, match="top_k=5 but only 4 experts"):
+        X.MoELayer(8, 16, 4, 5)
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        X.expert_capacity(8, 4, 2, 0)
+    with pytest.raises(ValueError, match=r"route expects tokens \(T, h\)"):
+        X.route(torch.randn(2, 3, 4), torch.randn(4, 4), 1)
+
+
+def test_mixtral_8x7b_counts():
+    c = X.mixtral_parameters(**X.MIXTRAL_8X7B)
+    assert c["total"] == 46_702_792_704 and c["active"] == 12_879_925_248   # "46.7B" and "12.9B"
+
+
+def test_moe_gpt_trains_and_reports_its_experts():
+    torch.manual_seed(0)
+    model = X.moe_gpt(4, 2, n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16)
+    idx = torch.randint(0, 64, (4, 16))
+    logits = model(idx)
+    assert logits.shape == (4, 16, 64) and len(model.moe_layers()) == 2
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten())
+    (loss + sum(l.aux_loss(0.01) for l in model.moe_layers())).backward()
+    assert model.moe_layers()[0].gate.weight.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- expert parallelism
+def _ep_case(rank, world_size, n, builtin, cf):
+    import torch.distributed as dist
+    from course_lib.mesh import CommMeter
+    group = None if n == world_size else dist.new_group(list(range(n)))
+    if rank >= n:
+        return None
+    torch.manual_seed(0)
+    full = X.MoELayer(8, 16, 4, 2, capacity_factor=cf).double()
+    xs = torch.randn(n, 6, 8, dtype=torch.float64)                # every rank's tokens, known to all
+    dy = torch.randn(n, 6, 8, dtype=torch.float64)
+    ep = X.ExpertParallelMoE.from_moe(full, group, builtin=builtin)
+    x = xs[rank].clone().requires_grad_(True)
+    with CommMeter({"ep": group}) as meter:
+        y = ep(x)
+        (y * dy[rank]).sum().backward()
+    ep.sync_router_grad()
+    xa = xs.reshape(-1, 8).clone().requires_grad_(True)
+    ya = full(xa)
+    (ya * dy.reshape(-1, 8)).sum().backward()
+    out_err = float((y - ya.view(n, 6, 8)[rank]).detach().abs().max())
+    dx_err = float((x.grad - xa.grad.view(n, 6, 8)[rank]).abs().max())
+    experts = [full.experts[ep.first + i] for i in range(ep.local)]
+    w_err = max(float((p.grad - q.grad).abs().max()) for mine, ref in zip(ep.experts, experts)
+                for p, q in zip(mine.parameters(), ref.parameters()))
+    gate_err = float((ep.gate.weight.grad - full.gate.weight.grad / n).abs().max())
+    return dict(out=out_err, dx=dx_err, w=w_err, gate=gate_err, sent=sum(meter.sent.values()),
+                capacity=ep.last["capacity"], local=ep.local)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(4, timeout=120) as c:
+        yield c
+
+
+@pytest.mark.parametrize("n, builtin", [(2, False), (4, False), (4, True)])
+def test_expert_parallel_equals_one_process(cluster, n, builtin):
+    res = [r for r in cluster.run(_ep_case, n, builtin, None) if r is not None]
+    assert len(res) == n
+    for r in res:
+        assert r["out"] < 1e-12 and r["dx"] < 1e-12 and r["w"] < 1e-12
+        # each rank saw 1/n of the tokens: the averaged router gradient is the one-process one / n
+        assert r["gate"] < 1e-12
+        if not builtin:
+            assert r["sent"] == 2 * 2 * X.all_to_all_bytes(n, r["local"], r["capacity"], 8, 8)
+
+
+def _bad_split(rank, world_size):
+    X.ExpertParallelMoE(8, 16, 6, 2)
+
+
+def test_experts_must_split_over_the_ranks(cluster):
+    with pytest.raises(RankError, match="6 experts do not split over 4 ranks"):
+        cluster.run(_bad_split)
+
+
+# --------------------------------------------------------------------------- JAX
+def test_jax_moe_layer_and_expert_parallel_version_agree_with_torch():
+    import subprocess
+    import sys
+    code = r'''
+from course_lib.launch import jax_cpu_devices
+devs = jax_cpu_devices(4)
+import jax, jax.numpy as jnp, numpy as np, torch
+from jax.sharding import Mesh
+from course_lib import jax_spmd as J, moe as X
+T, d, f, E = 16, 8, 12, 4
+rng = np.random.default_rng(0)
+W1, b1 = rng.normal(size=(E, d, f)) * .3, rng.normal(size=(E, f)) * .3
+W2, b2 = rng.normal(size=(E, f, d)) * .3, rng.normal(size=(E, d)) * .3
+gate, x = rng.normal(size=(d, E)), rng.normal(size=(T, d))
+ref, probs = J.moe_layer(x, gate, [(W1[e], b1[e], W2[e], b2[e]) for e in range(E)], 2)
+ep = J.expert_parallel_moe(x, gate, W1, b1, W2, b2, Mesh(np.array(devs), ("x",)), "x", 2)
+layer = X.MoELayer(d, f, E, 2, activation="relu").double()
+with torch.no_grad():
+    layer.gate.weight.copy_(torch.tensor(gate.T))
+    for e, ex in enumerate(layer.experts):
+        ex.fc1.weight.copy_(torch.tensor(W1[e].T)); ex.fc1.bias.copy_(torch.tensor(b1[e]))
+        ex.fc2.weight.copy_(torch.tensor(W2[e].T)); ex.fc2.bias.copy_(torch.tensor(b2[e]))
+    t = layer(torch.tensor(x)).numpy()
+print(float(np.abs(np.asarray(ref) - t).max()), float(np.abs(np.asarray(ep) - np.asarray(ref)).max()))
+'''
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    torch_err, ep_err = map(float, out.stdout.split())
+    assert torch_err < 1e-5 and ep_err < 1e-5
