@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import signal
 import socket
 import sys
 
@@ -41,6 +42,7 @@ def _reap(sock: socket.socket) -> None:
 def _child(sock: socket.socket, env: dict, fds: list[int]) -> None:
     task_r, res_w, out_w = fds
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sock.close()
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
@@ -64,6 +66,9 @@ def _child(sock: socket.socket, env: dict, fds: list[int]) -> None:
 
 
 def main() -> None:
+    # Ctrl-C in a terminal or a notebook's shutdown signals the whole process group: the template
+    # ignores it (the caller stops it by closing the socket); each rank gets Python's default back.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     # What every rank imports anyway; nothing here may start a thread or initialise a device.
     import cloudpickle  # noqa: F401

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from course_lib import trace
 
 __all__ = [
-    "Routing", "route", "load_balancing_loss", "router_z_loss", "expert_capacity", "dispatch_positions",
+    "Routing", "route", "tokens_per_expert", "load_balancing_loss", "router_z_loss", "expert_capacity", "dispatch_positions",
     "Expert", "MoELayer", "ExpertParallelMoE", "MoEBlock", "moe_gpt", "all_to_all_bytes",
     "mixtral_parameters", "MIXTRAL_8X7B",
 ]

@@ -1,0 +1,73 @@
+"""Shortcuts a learner would try in exercises/10_mixture_of_experts.ipynb; each must score zero where listed."""
+LAYER = '''def expert_fn(x, W1, b1, W2, b2):
+    """The source's expert: a two-layer FFN with ReLU."""
+    h = jnp.maximum(0, x @ W1 + b1)
+    return h @ W2 + b2
+
+
+def moe_layer(x, gate_W, experts_params, top_k=2):
+{body}
+'''
+TOPK = ("    gate_probs = jax.nn.softmax(x @ gate_W, axis=-1)\n"
+        "    top_i = jnp.argsort({sign}gate_probs, axis=-1)[:, :top_k]\n"
+        "    top_p = jnp.take_along_axis(gate_probs, top_i, axis=-1)\n"
+        "{norm}"
+        "    outs = jnp.stack([expert_fn(x, *p) for p in experts_params], axis=1)\n"
+        "    chosen = jnp.take_along_axis(outs, top_i[:, :, None], axis=1)\n"
+        "    return (chosen * top_p[:, :, None]).sum(axis=1), gate_probs")
+RENORM = "    top_p = top_p / top_p.sum(axis=-1, keepdims=True)\n"
+LB = '''def load_balancing_loss(probs, experts, alpha=0.01):
+{body}
+'''
+
+CASES = [
+    {
+        "name": "keeps the top-k probabilities as they are (no renormalisation)",
+        "cells": {"ex1-code": LAYER.format(body=TOPK.format(sign="-", norm=""))},
+        "zero": ["moe_layer"],
+    },
+    {
+        "name": "sorts ascending: routes every token to its k least likely experts",
+        "cells": {"ex1-code": LAYER.format(body=TOPK.format(sign="", norm=RENORM))},
+        "zero": ["moe_layer"],
+    },
+    {
+        "name": "dense: the softmax-weighted sum of all experts (no routing)",
+        "cells": {"ex1-code": LAYER.format(body=(
+            "    gate_probs = jax.nn.softmax(x @ gate_W, axis=-1)\n"
+            "    outs = jnp.stack([expert_fn(x, *p) for p in experts_params], axis=1)\n"
+            "    return (outs * gate_probs[:, :, None]).sum(axis=1), gate_probs"))},
+        "zero": ["moe_layer"],
+    },
+    {
+        "name": "calls the course's course_lib.jax_spmd.moe_layer (switched off during the check)",
+        "cells": {"ex1-code": LAYER.format(body=(
+            "    from course_lib import jax_spmd\n"
+            "    return jax_spmd.moe_layer(x, gate_W, experts_params, top_k)"))},
+        "zero": ["moe_layer"],
+    },
+    {
+        "name": "forgets the factor E (uniform routing gives alpha / E)",
+        "cells": {"ex2-code": LB.format(body=(
+            "    T, E = probs.shape\n"
+            "    f = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype) / experts.numel()\n"
+            "    return alpha * (f * probs.mean(dim=0)).sum()"))},
+        "zero": ["load_balancing"],
+    },
+    {
+        "name": "uses the mean probability for f_i too (alpha E sum P_i^2: no counts, wrong value and gradient)",
+        "cells": {"ex2-code": LB.format(body=(
+            "    T, E = probs.shape\n"
+            "    P = probs.mean(dim=0)\n"
+            "    return alpha * E * (P * P).sum()"))},
+        "zero": ["load_balancing"],
+    },
+    {
+        "name": "calls course_lib.moe.load_balancing_loss (switched off during the check)",
+        "cells": {"ex2-code": LB.format(body=(
+            "    from course_lib import moe\n"
+            "    r = moe.Routing(None, probs, experts, None)\n"
+            "    return moe.load_balancing_loss(r, alpha)"))},
+        "zero": ["load_balancing"],
+    },
+]
