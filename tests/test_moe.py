@@ -192,3 +192,18 @@ print(float(np.abs(np.asarray(ref) - t).max()), float(np.abs(np.asarray(ep) - np
     assert out.returncode == 0, out.stderr[-3000:]
     torch_err, ep_err = map(float, out.stdout.split())
     assert torch_err < 1e-5 and ep_err < 1e-5
+
+
+@pytest.mark.parametrize("seed, T, E, k, cap, skew", [(0, 64, 8, 2, 4, 3.0), (1, 50, 4, 1, 20, 0.0), (2, 33, 6, 3, 5, 5.0)])
+def test_dispatch_never_exceeds_capacity_and_drops_nothing_when_there_is_room(seed, T, E, k, cap, skew):
+    g = torch.Generator().manual_seed(seed)
+    experts = (torch.randn(T, E, generator=g) + skew * torch.linspace(0, 1, E)).topk(k, dim=-1).indices
+    assert all(len(set(row.tolist())) == k for row in experts)              # k distinct experts per token
+    pos = X.dispatch_positions(experts, E, cap)
+    kept = pos >= 0
+    load = torch.bincount(experts[kept], minlength=E)
+    assert int(load.max()) <= cap
+    for e in range(E):                                                       # slots 0 .. load-1, each once
+        assert sorted(pos[kept & (experts == e)].tolist()) == list(range(int(load[e])))
+    roomy = X.dispatch_positions(experts, E, T)
+    assert bool((roomy >= 0).all())

@@ -71,3 +71,22 @@ CASES = [
         "zero": ["load_balancing"],
     },
 ]
+KEPT = '''def kept(experts, n_experts, capacity):
+{body}
+'''
+CASES += [
+    {
+        "name": "hands out slots token by token (a token's second choice before the next token's first)",
+        "cells": {"ex3-code": KEPT.format(body=(
+            "    T, k = experts.shape\n    used = [0] * n_experts\n    out = torch.zeros(T, k, dtype=torch.bool)\n"
+            "    for t in range(T):\n        for j in range(k):\n            e = int(experts[t, j])\n"
+            "            if used[e] < capacity:\n                used[e] += 1\n                out[t, j] = True\n"
+            "    return out"))},
+        "zero": ["capacity"],
+    },
+    {
+        "name": "keeps everything (ignores the capacity)",
+        "cells": {"ex3-code": KEPT.format(body="    return torch.ones(experts.shape, dtype=torch.bool)")},
+        "zero": ["capacity"],
+    },
+]

@@ -2,6 +2,10 @@
 OPT = '''def optimal_allocation(C, E, A, B, alpha, beta):
 {body}
 '''
+FIT = '''def fit_offset_power_law(N, L):
+    N, L = np.asarray(N, dtype=float), np.asarray(L, dtype=float)
+{body}
+'''
 DAYS = '''def training_days(n_params, tokens, peak_flops, mfu, n_gpus):
 {body}
 '''
@@ -35,5 +39,14 @@ CASES = [
         "name": "counts 2ND (the forward pass only)",
         "cells": {"ex2-code": DAYS.format(body="    return 2 * n_params * tokens / (peak_flops * mfu * n_gpus) / 86400")},
         "zero": ["training_days"],
+    },
+]
+CASES += [
+    {
+        "name": "a straight line in log-log space (assumes the offset c is 0)",
+        "cells": {"ex3-code": FIT.format(body=(
+            "    slope, icpt = np.polyfit(np.log(N), np.log(L), 1)\n"
+            "    return float(np.exp(icpt)), float(-slope), 0.0"))},
+        "zero": ["offset_power_law"],
     },
 ]
