@@ -226,7 +226,8 @@ class _Zygote:
                 msg = self.sock.recv(1 << 16)
             except OSError:
                 msg = b""
-            if not msg:
+            if not msg:                       # the template has gone: wake whoever waits on it
+                self.replies.put(None)
                 with self.cond:
                     self.cond.notify_all()
                 return
@@ -243,6 +244,9 @@ class _Zygote:
         with self.lock:
             socket.send_fds(self.sock, [pickle.dumps(("spawn", env))], list(fds))
             pid = self.replies.get(timeout=60)
+        if pid is None:
+            raise RuntimeError("the rank template (course_lib._zygote) exited while starting a rank; the next "
+                               "Cluster starts a new one (set COURSE_NO_ZYGOTE=1 to start ranks as interpreters)")
         return _ForkedProc(self, pid, stdout)
 
     def exit_code(self, pid: int) -> int | None:

@@ -287,12 +287,10 @@ class CommMeter:
         self._saved: dict = {}
 
     def _axis(self, group) -> str:
-        if group is None or group is dist.group.WORLD:
-            return "world"
         for n, g in self.groups.items():
             if g is group:
                 return n
-        return "other"
+        return "world" if group is None or group is dist.group.WORLD else "other"
 
     def _wrap(self, name: str, fn):
         meter = self
@@ -687,10 +685,6 @@ def layout_memory(model: ModelSpec, layout: Layout, zero_stage: int = 1, sequenc
     return out
 
 
-def _ring_sent(nbytes: float, k: int) -> float:
-    return 2 * (k - 1) / k * nbytes if k > 1 else 0.0
-
-
 def layout_traffic(model: ModelSpec, layout: Layout, stage: int = 0, bytes_per_value: int = 2,
                    header_bytes: int = 0) -> dict:
     """Bytes one GPU of pipeline ``stage`` sends per optimizer step on each axis, ring collectives:
@@ -710,17 +704,21 @@ def layout_traffic(model: ModelSpec, layout: Layout, stage: int = 0, bytes_per_v
     Returns ``{"tp", "pp", "dp", "tied"}`` in bytes."""
     if not 0 <= stage < layout.pp:
         raise ValueError(f"stage must be in [0, {layout.pp}), got {stage!r}")
+    from course_lib.collectives import ring_all_reduce_bytes as ring
+    from course_lib.tensor_parallel import tp_bytes_per_layer
+
     first, last = stage == 0, stage == layout.pp - 1
     b, t, m = layout.micro_batch, layout.tp, layout.m
     n_mb = b * model.seq * model.hidden * bytes_per_value
     layers = model.n_layer / layout.pp
-    tp = m * (4 * layers + first + last) * _ring_sent(n_mb, t) + last * m * 2 * _ring_sent(b * model.seq * bytes_per_value, t)
+    per_all_reduce = tp_bytes_per_layer(b, model.seq, model.hidden, t, bytes_per_value)["sent_per_all_reduce"]
+    tp = m * (4 * layers + first + last) * per_all_reduce + last * m * 2 * ring(b * model.seq * bytes_per_value, t)
     neighbours = (not last) + (not first) if layout.pp > 1 else 0
     return {
         "tp": tp,
         "pp": neighbours * (m * n_mb + header_bytes),
-        "dp": _ring_sent(model.n_params / (t * layout.pp) * bytes_per_value, layout.dp),
-        "tied": _ring_sent(model.vocab * model.hidden / t * bytes_per_value, 2) if layout.pp > 1 and (first or last) else 0.0,
+        "dp": ring(model.n_params / (t * layout.pp) * bytes_per_value, layout.dp),
+        "tied": ring(model.vocab * model.hidden / t * bytes_per_value, 2) if layout.pp > 1 and (first or last) else 0.0,
     }
 
 
@@ -747,21 +745,23 @@ def _axis_links(layout: Layout, gpus_per_node: int) -> dict:
     return out
 
 
-def layout_step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, bytes_per_value: int = 2,
-                     recompute: str = "selective") -> dict:
+def layout_step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, bytes_per_value: int = 2) -> dict:
     """Predicted seconds of one optimizer step (assumptions stated; nothing overlaps):
 
     * ``compute``: ``m`` micro-batches of the stage's share of the training FLOPs
       (:func:`course_lib.estimate.gpt_training_flops` / (tp pp)) at ``peak_flops * efficiency``;
-      selective recomputation adds nothing visible at this level (Korthikanti: ~2-4 %), ignored;
+      recomputation is not counted (selective recomputation costs ~2-4 %, Korthikanti et al.);
     * ``tp``: the first stage's all-reduces per micro-batch (4 per layer and the embedding's), alpha-beta
-      (notebook 03) on NVLink when the tp group is inside a node, else on the network;
+      (notebook 03, :func:`course_lib.tensor_parallel.tp_comm_seconds`) on NVLink when the tp group is
+      inside a node, else on the network;
     * ``pp``: each of the ``m + pp - 1`` pipeline slots waits for one activation hop and one gradient hop;
     * ``bubble``: ``(pp - 1)`` slots of a micro-batch's compute + tp time (1F1B / GPipe, notebook 08);
     * ``dp``: one ring all-reduce of the GPU's gradients after the backward.
 
     Returns ``{"compute", "tp", "pp", "bubble", "dp", "step"}``."""
+    from course_lib.collectives import ring_all_reduce_bytes as ring
     from course_lib.estimate import gpt_training_flops
+    from course_lib.tensor_parallel import tp_comm_seconds
 
     links = _axis_links(layout, cluster.gpus_per_node)
 
@@ -776,12 +776,14 @@ def layout_step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, byt
     layers = model.n_layer / layout.pp
     bw, lat = link("tp")
     n_ar = 4 * layers + 1 + (layout.pp == 1)     # the first stage's: its layers', the embedding's (and the head's)
-    tp_mb = n_ar * (2 * (layout.tp - 1) * lat + _ring_sent(n_mb, layout.tp) / bw) if layout.tp > 1 else 0.0
+    # tp_comm_seconds is a layer's 4 all-reduces of b s h values: a quarter of it per all-reduce
+    tp_mb = n_ar * tp_comm_seconds(layout.micro_batch, model.seq, model.hidden, layout.tp, bw, lat,
+                                   bytes_per_value) / 4 if layout.tp > 1 else 0.0
     bw, lat = link("pp")
     hop = 2 * (lat + n_mb / bw) if layout.pp > 1 else 0.0
     bw, lat = link("dp")
     grads = model.n_params / (layout.tp * layout.pp) * bytes_per_value
-    t_dp = (2 * (layout.dp - 1) * lat + _ring_sent(grads, layout.dp) / bw) if layout.dp > 1 else 0.0
+    t_dp = (2 * (layout.dp - 1) * lat + ring(grads, layout.dp) / bw) if layout.dp > 1 else 0.0
     out = {"compute": layout.m * t_mb, "tp": layout.m * tp_mb,
            "pp": (layout.m + layout.pp - 1) * hop,
            "bubble": (layout.pp - 1) * (t_mb + tp_mb), "dp": t_dp}
@@ -802,7 +804,7 @@ def plan_layouts(model: ModelSpec, cluster: ClusterSpec, micro_batches: Iterable
     for lay in enumerate_layouts(model, cluster.world_size, micro_batches):
         lay.memory = layout_memory(model, lay, zero_stage, sequence_parallel, recompute)
         lay.traffic = layout_traffic(model, lay)
-        lay.time = layout_step_time(model, cluster, lay, recompute=recompute)
+        lay.time = layout_step_time(model, cluster, lay)
         lay.fits = lay.memory["total"] <= (1 - reserve) * cluster.memory
         lay.axis_links = _axis_links(lay, cluster.gpus_per_node)
         out.append(lay)

@@ -26,7 +26,6 @@ all-to-alls each way), :class:`MoEBlock` / :func:`moe_gpt` (the tiny GPT with Mo
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -85,7 +84,7 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: 
         raise ValueError(f"top_k={k} but there are only {E} experts; choose top_k <= {E}")
     logits = x @ gate_weight.t()                                         # (T, E)
     if noise_std > 0:
-        logits = logits + noise_std * torch.randn(logits.shape, generator=generator, dtype=logits.dtype)
+        logits = logits + noise_std * torch.randn(logits.shape, generator=generator, dtype=logits.dtype).to(logits.device)
     probs = logits.softmax(dim=-1)
     top_p, top_i = probs.topk(k, dim=-1)                                 # (T, k) each, best first
     if normalize:
@@ -119,10 +118,13 @@ def router_z_loss(routing: Routing, beta: float = 1e-3) -> torch.Tensor:
     return beta * torch.logsumexp(routing.logits, dim=-1).pow(2).mean()
 
 
-def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: float | None) -> int:
     """Slots per expert: ``ceil(capacity_factor * k * T / E)`` (Fedus et al. 2021, Eq. 3, with ``k``
-    choices per token). ``capacity_factor = 1`` is exactly enough when routing is perfectly balanced."""
+    choices per token). ``capacity_factor = 1`` is exactly enough when routing is perfectly balanced;
+    ``None`` means no limit: ``T`` slots (a token chooses an expert at most once, so nothing drops)."""
     T, E, k = _pos_int("n_tokens", n_tokens, 0), _pos_int("n_experts", n_experts), _pos_int("top_k", top_k)
+    if capacity_factor is None:
+        return max(T, 1)
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
     return max(1, math.ceil(capacity_factor * k * T / E))
@@ -158,11 +160,6 @@ class Expert(nn.Module):
         return self.fc2(F.gelu(h) if self.activation == "gelu" else F.relu(h))
 
 
-def _span(kind: str, name: str):
-    rec = trace.current()
-    return rec.span(kind, name) if rec is not None else contextlib.nullcontext()
-
-
 class MoELayer(nn.Module):
     """A mixture-of-experts FFN on one process: ``(..., h) -> (..., h)``.
 
@@ -193,19 +190,19 @@ class MoELayer(nn.Module):
         self.last: dict = {}
 
     def capacity(self, n_tokens: int) -> int:
-        if self.capacity_factor is None:
-            return max(n_tokens, 1)               # an expert can take every token: nothing drops
+        """Slots per expert for ``n_tokens`` tokens (:func:`expert_capacity`; all of them when
+        ``capacity_factor`` is ``None``: an expert can take every token and nothing drops)."""
         return expert_capacity(n_tokens, self.n_experts, self.top_k, self.capacity_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])                                    # (T, h)
-        with _span("compute", "route"):
+        with trace.span("compute", "route"):
             r = route(tokens, self.gate.weight, self.top_k, normalize=self.normalize,
                       noise_std=self.noise_std if self.training else 0.0)
             pos = dispatch_positions(r.experts, self.n_experts, self.capacity(tokens.shape[0]))
         out = torch.zeros_like(tokens)
-        with _span("compute", "experts"):
+        with trace.span("compute", "experts"):
             for e, expert in enumerate(self.experts):
                 t_idx, slot = ((r.experts == e) & (pos >= 0)).nonzero(as_tuple=True)   # kept choices of e
                 if t_idx.numel():
@@ -240,7 +237,7 @@ def _all_to_all(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tenso
     from course_lib import collectives
     x = x.contiguous()
     out = torch.empty_like(x)
-    with _span("comm", name):
+    with trace.span("comm", name):
         if builtin:
             dist.all_to_all_single(out, x, group=group)
         else:
@@ -301,8 +298,8 @@ class ExpertParallelMoE(nn.Module):
                    builtin=builtin, _full=moe)
 
     def capacity(self, n_tokens: int) -> int:
-        if self.capacity_factor is None:
-            return max(n_tokens, 1)
+        """Slots per expert for ``n_tokens`` tokens (:func:`expert_capacity`; all of them when
+        ``capacity_factor`` is ``None``: an expert can take every token and nothing drops)."""
         return expert_capacity(n_tokens, self.n_experts, self.top_k, self.capacity_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -310,10 +307,10 @@ class ExpertParallelMoE(nn.Module):
         tokens = x.reshape(-1, shape[-1])                                    # (T, h) this rank's tokens
         T, h = tokens.shape
         n, L, C = self.world, self.local, self.capacity(T)
-        with _span("compute", "route"):
+        with trace.span("compute", "route"):
             r = route(tokens, self.gate.weight, self.top_k, normalize=self.normalize)
             pos = dispatch_positions(r.experts, self.n_experts, C)           # (T, k) slot or -1
-        with _span("compute", "dispatch: pack"):
+        with trace.span("compute", "dispatch: pack"):
             keep = pos >= 0
             t_idx, j_idx = keep.nonzero(as_tuple=True)                       # kept choices
             e_idx, s_idx = r.experts[t_idx, j_idx], pos[t_idx, j_idx]
@@ -321,12 +318,12 @@ class ExpertParallelMoE(nn.Module):
             flat = flat.index_copy(0, e_idx * C + s_idx, tokens[t_idx])      # (E C, h): expert-major
         # expert e lives on rank e // L: block j of the buffer (experts j L .. (j+1) L - 1) goes to rank j
         recv = _AllToAll.apply(flat, self.group, self.builtin, "all-to-all: dispatch")   # (n L C, h)
-        with _span("compute", "experts"):
+        with trace.span("compute", "experts"):
             recv = recv.view(n, L, C, h)                                     # (source rank, my expert, slot, h)
             outs = [self.experts[i](recv[:, i].reshape(n * C, h)).view(n, 1, C, h) for i in range(L)]
             done = torch.cat(outs, dim=1).reshape(n * L * C, h)
         back = _AllToAll.apply(done, self.group, self.builtin, "all-to-all: combine")    # (E C, h) mine
-        with _span("compute", "combine"):
+        with trace.span("compute", "combine"):
             y = back.index_select(0, e_idx * C + s_idx) * r.weights[t_idx, j_idx, None]
             out = torch.zeros_like(tokens).index_add(0, t_idx, y)
         self.last = {"routing": r, "counts": tokens_per_expert(r.experts, self.n_experts),

@@ -39,7 +39,6 @@ stages with ``torch.distributed.pipelining``, the production API this module is 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import time
@@ -735,7 +734,6 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
 
     device = _device(stages)
 
-    rec = trace.current()
     # unfinished isends: (kind 0 activation / 1 gradient, stage, mb) -> [(work, tensor), (work, tensor)]
     pending: dict[tuple, list] = {}
     saved: dict[tuple, list] = {}  # (stage, mb) -> [input, output or loss, gradient of the output]
@@ -744,8 +742,7 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
         s, i = a.stage, a.microbatch
         for key in [k for k, ws in pending.items() if all(w.is_completed() for w, _ in ws)]:
             del pending[key]                                     # sent (NCCL reports it; gloo does not)
-        span = (rec.span(_EVENT_KIND[a.kind], str(a), stage=s, microbatch=i) if rec is not None
-                else contextlib.nullcontext())
+        span = trace.span(_EVENT_KIND[a.kind], str(a), stage=s, microbatch=i)
         if a.kind == "F":
             x = microbatches[i] if s == 0 else recv(0, s - 1, i, stage_rank(s - 1, p))
             if s > 0:

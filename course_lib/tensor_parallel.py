@@ -45,7 +45,6 @@ Every layer takes its process group explicitly (``group=None``: the default grou
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Sequence
 
@@ -103,18 +102,11 @@ def shard_range(n: int, world_size: int, rank: int, what: str = "dimension") -> 
     return rank * k, (rank + 1) * k
 
 
-@contextlib.contextmanager
-def _span(kind: str, name: str):
-    rec = trace.current()
-    with (rec.span(kind, name) if rec else contextlib.nullcontext()):
-        yield
-
-
 def _all_reduce(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tensor:
     x = x.contiguous().clone()
     if dist.get_world_size(group) == 1:
         return x
-    with _span("all-reduce", name):
+    with trace.span("all-reduce", name):
         if builtin:
             dist.all_reduce(x, group=group)
         else:
@@ -129,7 +121,7 @@ def _all_gather(x: torch.Tensor, dim: int, group, builtin: bool, name: str) -> t
         return x.contiguous().clone()
     x = x.movedim(dim, 0).contiguous()                      # (chunk, ...) with the split dim first
     out = torch.empty((t * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    with _span("all-gather", name):
+    with trace.span("all-gather", name):
         if builtin:
             dist.all_gather_single(out, x, group=group)
         else:
@@ -145,7 +137,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     shard_range(x.shape[dim], t, r, f"dimension {dim} of the {name} input")
     full = x.movedim(dim, 0).contiguous()                   # (n, ...): rank r's rows are one block
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
-    with _span("reduce-scatter", name):
+    with trace.span("reduce-scatter", name):
         if builtin:
             dist.reduce_scatter_single(out, full, group=group)
         else:
@@ -561,7 +553,7 @@ class _VocabParallelCE(torch.autograd.Function):
         # logits: (N, V/t) this rank's vocabulary slice; target: (N,) global ids
         m = logits.max(dim=-1).values
         if dist.get_world_size(group) > 1:
-            with _span("all-reduce", "cross-entropy max"):
+            with trace.span("all-reduce", "cross-entropy max"):
                 dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)   # max has no ring here: builtin
         z = logits - m.unsqueeze(-1)
         e = z.exp()

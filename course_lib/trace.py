@@ -31,7 +31,7 @@ import contextlib
 import time
 from typing import Iterator
 
-__all__ = ["Recorder", "current"]
+__all__ = ["Recorder", "current", "span"]
 
 # Innermost active recorder last. A list (not a single global) so recorders can nest; only the
 # innermost one receives reports, so a nested measurement does not double-count in the outer one.
@@ -46,6 +46,13 @@ _EPOCH_THRESHOLD = 1.0e9
 def current() -> "Recorder | None":
     """The innermost active :class:`Recorder` of this process, or ``None`` when none is active."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+def span(kind: str, name: str, **extra):
+    """:meth:`Recorder.span` of the active recorder, or a no-op context when none is active: library code
+    times its phases with ``with trace.span("compute", "forward"): ...`` whether or not anyone records."""
+    rec = current()
+    return rec.span(kind, name, **extra) if rec is not None else contextlib.nullcontext()
 
 
 class Recorder:

@@ -265,6 +265,7 @@ def plot_mesh(mesh, bytes_per_axis: dict | None = None, ax=None, title: str | No
     e.g. measured with :class:`course_lib.mesh.CommMeter`) is written into the legend as
     ``bytes / scale`` in ``unit``."""
     import matplotlib.patches as mpatches
+    import numpy as np
 
     if tuple(mesh.names) != ("dp", "pp", "tp"):
         raise ValueError(f"plot_mesh draws meshes with axes ('dp', 'pp', 'tp'), got {mesh.names}")
@@ -297,7 +298,6 @@ def plot_mesh(mesh, bytes_per_axis: dict | None = None, ax=None, title: str | No
                 (xa, ya), (xb, yb) = pos[a], pos[b]
                 kw = dict(color=AXIS_COLORS[axis], lw=2.2, ls=style, zorder=1)
                 if axis == "dp":   # arc over the panels, so it does not run through other boxes
-                    import numpy as np
                     xs = np.linspace(xa, xb, 30)
                     lift = 0.34 + 0.16 * mesh.coords(a)["tp"]   # different heights: crossings stay legible
                     ys = ya + 0.25 + lift * np.sin(np.linspace(0, np.pi, 30))

@@ -58,7 +58,6 @@ partitioning (ZeRO-R, §6).
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -252,8 +251,7 @@ class ZeRO(nn.Module):
         return self._comm.submit(fn, *args)
 
     def _all_gather(self, u: _Unit) -> None:
-        rec = trace.current()
-        with (rec.span("all-gather", f"all-gather {u.name}") if rec else contextlib.nullcontext()):
+        with trace.span("all-gather", f"all-gather {u.name}"):
             if self.builtin:
                 dist.all_gather_single(u.full, u.shard.clone(), group=self.group)
             else:
@@ -261,9 +259,8 @@ class ZeRO(nn.Module):
 
     def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
         """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
-        rec = trace.current()
         out = torch.empty(u.shard_size, dtype=flat.dtype)
-        with (rec.span("reduce-scatter", f"reduce-scatter {u.name}") if rec else contextlib.nullcontext()):
+        with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
             if self.builtin:
                 dist.reduce_scatter_single(out, flat, group=self.group)
                 out.div_(self.world_size)
@@ -272,8 +269,7 @@ class ZeRO(nn.Module):
         return out
 
     def _all_reduce(self, u: _Unit) -> None:
-        rec = trace.current()
-        with (rec.span("all-reduce", f"all-reduce {u.name}") if rec else contextlib.nullcontext()):
+        with trace.span("all-reduce", f"all-reduce {u.name}"):
             if self.builtin:
                 dist.all_reduce(u.grad_full, group=self.group)
                 u.grad_full.div_(self.world_size)

@@ -20,7 +20,6 @@ The model is tiny on purpose (2 cores run 8 ranks); scale it with ``--layers/--h
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 
 import torch
@@ -61,13 +60,13 @@ def train_reference(steps=10, dtype=torch.float64, **cfg) -> list[float]:
     return losses
 
 
-def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10, *, meter: bool = False,
+def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10, *,
           dtype=torch.float64, schedule: str = "1f1b", **cfg) -> dict:
     """One rank of a ``dp x pp x tp`` training run of the tiny GPT (AdamW, ``steps`` steps).
 
     Returns ``{"coords", "stage", "losses"}`` (the replica's mean loss per step on last-stage ranks,
-    else ``None``), ``"seconds"`` per step and, with ``meter=True``, ``"bytes"``: bytes this rank sent
-    per axis over the whole run (:class:`course_lib.mesh.CommMeter`), and ``"n_params"``."""
+    else ``None``), ``"seconds"`` per step and ``"n_params"`` (this rank's). To count bytes per axis,
+    wrap a step in :class:`course_lib.mesh.CommMeter` (notebook 09 does)."""
     from course_lib import mesh as M
 
     c = {**DEFAULTS, **cfg}
@@ -77,20 +76,15 @@ def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10
     h = M.HybridGPT(model, pm, schedule=schedule)
     opt = torch.optim.AdamW(h.parameters(), lr=c["lr"])
     losses, seconds = [], []
-    cm = M.CommMeter(h.comm_groups()) if meter else None
-    with (cm if cm is not None else contextlib.nullcontext()):
-        for x, y in make_batches(steps, c["batch"], c["block"], c["vocab"], c["seed"]):
-            t0 = time.perf_counter()
-            h.zero_grad()
-            loss = h.forward_backward(x.to(dev), y.to(dev), c["micro"])
-            opt.step()
-            seconds.append(time.perf_counter() - t0)
-            losses.append(loss)
-    out = {"coords": pm.coords, "stage": h.stage, "losses": losses if h.last else None, "seconds": seconds,
-           "n_params": sum(p.numel() for p in h.parameters())}
-    if cm is not None:
-        out["bytes"] = cm.totals()
-    return out
+    for x, y in make_batches(steps, c["batch"], c["block"], c["vocab"], c["seed"]):
+        t0 = time.perf_counter()
+        h.zero_grad()
+        loss = h.forward_backward(x.to(dev), y.to(dev), c["micro"])
+        opt.step()
+        seconds.append(time.perf_counter() - t0)
+        losses.append(loss)
+    return {"coords": pm.coords, "stage": h.stage, "losses": losses if h.last else None, "seconds": seconds,
+            "n_params": sum(p.numel() for p in h.parameters())}
 
 
 def replica_losses(results: list[dict]) -> list[float]:
