@@ -598,13 +598,15 @@ def _stop_all() -> None:
 
 
 # --------------------------------------------------------------------------------- torchrun
-def init_from_env(backend: str | None = None) -> tuple[int, int]:
+def init_from_env(backend: str | None = None, timeout=None) -> tuple[int, int]:
     """Initialise the default process group from ``torchrun``'s environment; return ``(rank, world_size)``.
 
     ``torchrun --standalone --nproc_per_node=N -m course_lib.demos.hello`` sets ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. With ``backend=None`` each rank
     uses NCCL on GPU ``LOCAL_RANK`` when the node has enough GPUs, else gloo on CPU. The worker
     functions written for :class:`Cluster` can then be called as ``fn(rank, world_size, *args)``.
+    ``timeout`` (a ``datetime.timedelta``) is the process group's; a short one makes a restarted job
+    whose rendezvous fails (``torchrun --max-restarts``) fail fast and retry instead of waiting.
     """
     import torch
     import torch.distributed as dist
@@ -622,7 +624,22 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        kw = {} if timeout is None else {"timeout": timeout}
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restart is None:
+            dist.init_process_group(backend, **kw)
+        else:
+            # After torchrun restarts the workers (--max-restarts), the rendezvous store still holds
+            # the dead attempt's gloo addresses under the same keys; a new worker that reads one
+            # fails with "connectFullMesh ... Connection refused". A prefix per attempt keeps them apart.
+            from datetime import timedelta
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                  is_master=(rank == 0 and not agent_store),
+                                  timeout=timeout or timedelta(minutes=30))
+            dist.init_process_group(backend, store=dist.PrefixStore(f"course_lib/attempt_{restart}/", store),
+                                    rank=rank, world_size=world, **kw)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -21,18 +21,23 @@ import torch.nn.functional as F
 
 
 class TinyMLP(nn.Module):
-    """``n_layers`` Linear layers with GELU between them.
+    """``n_layers`` Linear layers with GELU between them (and dropout after each GELU when
+    ``dropout > 0``: training then draws from torch's RNG, which notebook 12 must checkpoint).
 
     Shapes: input ``(B, d_in)`` -> output ``(B, d_out)``.
     """
 
-    def __init__(self, d_in: int = 16, d_hidden: int = 64, d_out: int = 1, n_layers: int = 3):
+    def __init__(self, d_in: int = 16, d_hidden: int = 64, d_out: int = 1, n_layers: int = 3,
+                 dropout: float = 0.0):
         super().__init__()
         if min(d_in, d_hidden, d_out) < 1 or n_layers < 1:
             raise ValueError(
                 f"TinyMLP sizes must be positive (got d_in={d_in}, d_hidden={d_hidden}, "
                 f"d_out={d_out}, n_layers={n_layers})"
             )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"TinyMLP dropout must be in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
         dims = [d_in] + [d_hidden] * (n_layers - 1) + [d_out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
 
@@ -41,6 +46,8 @@ class TinyMLP(nn.Module):
             x = layer(x)
             if i < len(self.layers) - 1:
                 x = F.gelu(x)
+                if self.dropout:
+                    x = F.dropout(x, self.dropout, self.training)
         return x
 
 

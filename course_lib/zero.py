@@ -456,6 +456,74 @@ class ZeRO(nn.Module):
                     add("optimizer_states", v)
         return out
 
+    # ------------------------------------------------------------------ checkpoints
+    def _adam_state(self, u: _Unit) -> dict:
+        state = self.optimizer.state.get(u.master, {})
+        if not state:   # before the first step: what Adam starts from
+            return {"exp_avg": torch.zeros_like(u.master), "exp_avg_sq": torch.zeros_like(u.master),
+                    "step": torch.tensor(0.0)}
+        return state
+
+    @torch.no_grad()
+    def sharded_state_dict(self) -> dict:
+        """This rank's part of the model states, for a sharded checkpoint
+        (:func:`course_lib.fault.save_sharded`): the fp32 master values and Adam's two moments of the
+        slice it owns, addressed by *global* offsets so that a checkpoint saved on N ranks loads on M.
+
+        Returns ``{"shards": {key: (start, tensor)}, "lengths": {key: numel}, "replicated": {...}}``
+        with keys ``"<unit>/master"``, ``"<unit>/exp_avg"``, ``"<unit>/exp_avg_sq"``; ``start`` is the
+        offset into the unit's flat vector without padding (padding is not saved: it depends on N).
+        Stage 0 holds everything on every rank, so only rank 0 contributes shards there.
+        """
+        shards, lengths = {}, {}
+        steps = set()
+        for u in self.units:
+            state = self._adam_state(u)
+            steps.add(float(state["step"]))
+            hi = min(u.hi, u.numel)
+            n = max(0, hi - u.lo)
+            for kind, t in (("master", u.master), ("exp_avg", state["exp_avg"]),
+                            ("exp_avg_sq", state["exp_avg_sq"])):
+                key = f"{u.name}/{kind}"
+                lengths[key] = u.numel
+                if n and (self.stage > 0 or self.rank == 0):
+                    shards[key] = (u.lo, t.detach()[:n].clone())
+        return {"shards": shards, "lengths": lengths,
+                "replicated": {"adam_step": steps.pop() if len(steps) == 1 else sorted(steps),
+                               "stage": self.stage, "units": [u.name for u in self.units]}}
+
+    @torch.no_grad()
+    def load_sharded_state_dict(self, fetch, replicated: dict) -> None:
+        """Load the states saved by :meth:`sharded_state_dict` on any number of ranks.
+
+        ``fetch(key, start, stop)`` returns the values ``[start, stop)`` of the global flat vector
+        ``key`` (:func:`course_lib.fault.load_sharded` reads them from whichever shard files hold
+        them); ``replicated`` is the saved ``"replicated"`` dict. Every rank of the group must call it.
+        """
+        names = [u.name for u in self.units]
+        if replicated.get("units") != names:
+            raise ValueError(f"the checkpoint's ZeRO units {replicated.get('units')} differ from this "
+                             f"model's {names}: it was saved from a different model")
+        step = replicated["adam_step"]
+        for u in self.units:
+            hi = min(u.hi, u.numel)
+            n = max(0, hi - u.lo)
+            values = {}
+            for kind in ("master", "exp_avg", "exp_avg_sq"):
+                v = torch.zeros(u.master.numel(), dtype=self.master_dtype)
+                if n:
+                    v[:n] = fetch(f"{u.name}/{kind}", u.lo, hi).to(self.master_dtype)
+                values[kind] = v
+            u.master.data.copy_(values["master"])
+            if self.mixed or self.stage == 3:
+                u.shard.copy_(u.master)
+            self.optimizer.state[u.master] = {"step": torch.tensor(float(step)),
+                                              "exp_avg": values["exp_avg"],
+                                              "exp_avg_sq": values["exp_avg_sq"]}
+        if self.stage in (1, 2):   # stage 0's slice is the full buffer; stage 3 gathers at forward
+            for fut in [self._submit(self._all_gather, u) for u in self.units]:
+                fut.result()
+
     @torch.no_grad()
     def gather_full_parameters(self) -> list[torch.Tensor]:
         """The trainable parameters (fp32 master values, full shapes, in ``module.parameters()``
