@@ -24,7 +24,9 @@ Sources:
 * Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
   (arXiv:2205.05198), §4.1 (Eq. 1), §4.2, §4.3 (output layer) and Table 2.
 * Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways" (arXiv:2204.02311),
-  §4.1 and Table 3: model FLOPs utilization (MFU).
+  §4.1, Table 3 and Appendix B: model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU).
+* Patterson et al. 2021, "Carbon Emissions and Large Neural Network Training" (arXiv:2104.10350):
+  energy = device power x hours x PUE, and GPT-3's 1,287 MWh.
 """
 
 from __future__ import annotations
@@ -216,6 +218,40 @@ def model_flops_utilization(flops: float, seconds: float, peak_flops: float,
     return C / (t * _check_int("n_devices", n_devices) * peak)
 
 
+#: The recomputation settings :func:`hardware_flops` knows: none, or every layer's forward run twice.
+HFU_RECOMPUTE = ("none", "full")
+
+
+def hardware_flops(n_params: float, tokens: float, recompute: str = "none") -> float:
+    """FLOPs the hardware executes to train on ``tokens`` tokens: ``6 N D``, or ``8 N D`` with full
+    activation recomputation.
+
+    Full recomputation (activation checkpointing of every layer) runs each forward twice: once
+    without keeping activations, once again during the backward, so the forward's ``2 N D`` is paid
+    twice: ``2ND + 2ND + 4ND = 8ND`` (Narayanan et al. 2021, §5.1, the ``8 T P`` of their Eq. 3;
+    Korthikanti et al. 2022, §5 and Table 4, who report both "model" and "hardware" FLOPs). The
+    *model* FLOPs stay ``6 N D`` (:func:`training_flops`): recomputation is overhead, not progress.
+    """
+    _check_choice("recompute", recompute, HFU_RECOMPUTE)
+    return training_flops(n_params, tokens) * (8 / 6 if recompute == "full" else 1.0)
+
+
+def hardware_flops_utilization(flops: float, seconds: float, peak_flops: float,
+                               n_devices: int = 1, recompute: str = "none") -> float:
+    """HFU: the FLOPs the hardware really did per second, over the peak.
+
+    Chowdhery et al. 2022 ("PaLM"), §4.1 and Appendix B, define *model* FLOPs utilization (MFU,
+    :func:`model_flops_utilization`) on the model's own FLOPs and *hardware* FLOPs utilization (HFU)
+    on everything executed, rematerialisation included; PaLM 540B reports 46.2 % MFU and 57.8 % HFU.
+    ``flops`` are the model FLOPs (``6 N D``) done in ``seconds``; with ``recompute="full"`` the
+    hardware did ``8/6`` of them (:func:`hardware_flops`), so ``HFU = MFU * 4/3``; without
+    recomputation HFU equals MFU. HFU says how busy the chips were, MFU how fast the model trains.
+    """
+    _check_choice("recompute", recompute, HFU_RECOMPUTE)
+    mfu = model_flops_utilization(flops, seconds, peak_flops, n_devices)
+    return mfu * (8 / 6 if recompute == "full" else 1.0)
+
+
 def human_duration(seconds: float) -> str:
     """A duration in the largest fitting unit: ``"95 years"``, ``"34 days"``, ``"3.2 hours"``.
 
@@ -228,6 +264,73 @@ def human_duration(seconds: float) -> str:
             v = t / size
             return f"{v:.2g} {unit}" if v < 10 else f"{v:.0f} {unit}"
     return f"{t:.2g} s"
+
+
+# --------------------------------------------------------------------------- FLOPs -> money, energy
+
+def training_cost(flops: float, *, peak_flops: float, mfu: float, gpu_hour_price: float,
+                  gpu_power_watts: float, pue: float = 1.1, n_devices: int | None = None) -> dict:
+    """GPU-hours, dollars and energy of ``flops`` of training (e.g. ``6 N D``, :func:`training_flops`).
+
+    * ``gpu_hours = C / (peak * MFU) / 3600`` (:func:`training_seconds` on one device: the GPU-hours do
+      not depend on how many GPUs share the work, as long as the MFU holds);
+    * ``dollars = gpu_hours * gpu_hour_price`` (a rented GPU's hourly price);
+    * ``energy_kwh = gpu_hours * gpu_power_watts / 1000 * pue``: the devices' power (their TDP is an
+      upper bound; Touvron et al. 2023 count the GPUs' power cap the same way) times the data centre's
+      power usage effectiveness, total facility power over IT power (>= 1; Patterson et al. 2021 take
+      1.1 for GPT-3's data centre). CPUs, network and storage are left out;
+    * ``wall_seconds = gpu_hours * 3600 / n_devices`` when ``n_devices`` is given.
+
+    Keyword-only after ``flops`` so that a price is never passed as a power. Returns a dict with
+    ``gpu_hours``, ``dollars``, ``energy_kwh`` (and ``wall_seconds``).
+    """
+    seconds_one = training_seconds(flops, peak_flops, mfu, 1)
+    price = _check_positive("gpu_hour_price", gpu_hour_price)
+    watts = _check_positive("gpu_power_watts", gpu_power_watts)
+    if isinstance(pue, bool) or not isinstance(pue, numbers.Real) or not pue >= 1:
+        raise ValueError(f"pue must be a number >= 1 (facility power / IT power, e.g. 1.1), got {pue!r}")
+    hours = seconds_one / 3600
+    out = {"gpu_hours": hours, "dollars": hours * price, "energy_kwh": hours * watts / 1000 * pue}
+    if n_devices is not None:
+        out["wall_seconds"] = seconds_one / _check_int("n_devices", n_devices)
+    return out
+
+
+#: Published training runs, for checking the estimates above against reality. Each entry: ``name``,
+#: ``params``, ``tokens``, the published figures that exist (``training_flops``, ``gpu_hours``,
+#: ``hardware``, ``device_power_watts``, ``energy_mwh``, ``estimated_cost_usd``) and ``source``.
+#: Only numbers a paper, model card or the cited estimate states; anything not published is absent.
+PUBLISHED_TRAINING_RUNS = [
+    {
+        "name": "GPT-3 175B", "params": 175e9, "tokens": 300e9,
+        "training_flops": 3.14e23, "hardware": "NVIDIA V100 (Microsoft cluster)",
+        "energy_mwh": 1287.0, "estimated_cost_usd": 4.6e6,
+        "source": ("Brown et al. 2020, arXiv:2005.14165, Table 2.1 (size), §2.2 (300B tokens), Table D.1 "
+                   "(3.14e23 FLOPs); Patterson et al. 2021, arXiv:2104.10350, Table 4 (1,287 MWh); "
+                   "Lambda Labs 2020, 'OpenAI's GPT-3 Language Model: A Technical Overview' (~$4.6M "
+                   "on the cheapest V100 cloud instances, an estimate, not OpenAI's bill)"),
+    },
+    {
+        "name": "Chinchilla 70B", "params": 70e9, "tokens": 1.4e12,
+        "training_flops": 5.76e23, "hardware": "TPUv3/TPUv4",
+        "source": ("Hoffmann et al. 2022, arXiv:2203.15556, §4.1 (70B, 1.4T tokens, the same 5.76e23 "
+                   "FLOPs budget as Gopher) and §3 (trained on TPUv3/TPUv4)"),
+    },
+    {
+        "name": "Llama 2 70B", "params": 70e9, "tokens": 2e12,
+        "gpu_hours": 1_720_320, "hardware": "NVIDIA A100-80GB", "device_power_watts": 400,
+        "source": ("Touvron et al. 2023, 'Llama 2', arXiv:2307.09288, Table 1 (2.0T tokens) and Table 2 "
+                   "(1,720,320 GPU-hours, 400 W power cap per GPU)"),
+    },
+    {
+        "name": "Llama 3.1 405B", "params": 405e9, "tokens": 15.6e12,
+        "training_flops": 3.8e25, "gpu_hours": 30.84e6, "hardware": "NVIDIA H100-80GB",
+        "device_power_watts": 700,
+        "source": ("Meta Llama 3.1 model card (github.com/meta-llama/llama-models, models/llama3_1/"
+                   "MODEL_CARD.md: 30.84M H100-80GB GPU-hours at 700 W TDP); Dubey et al. 2024, 'The "
+                   "Llama 3 Herd of Models', arXiv:2407.21783, §3 (15.6T tokens, 3.8e25 FLOPs)"),
+    },
+]
 
 
 # --------------------------------------------------------------------------- model states

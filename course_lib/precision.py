@@ -8,6 +8,12 @@ Sources:
 * IEEE 754-2008 -- binary32 (FP32) and binary16 (FP16) layouts, subnormals, round-to-nearest-even.
 * PyTorch ``torch.amp.GradScaler`` -- the dynamic loss-scaling rule we reproduce (init scale
   ``2**16``, back off by 0.5 on inf/NaN, grow by 2 after ``growth_interval`` clean steps).
+* Micikevicius et al. 2022, "FP8 Formats for Deep Learning" (arXiv:2209.05433) -- E4M3 (max 448,
+  no infinities) and E5M2 (max 57344, IEEE-like), per-tensor scaling factors.
+* NVIDIA Transformer Engine, ``transformer_engine.common.recipe`` (``DelayedScaling``,
+  ``Float8CurrentScaling``) -- the scale maps a tensor's amax to ``fp8_max * 2**-margin``.
+* Frantar et al. 2023, "GPTQ" (arXiv:2210.17323) and Lin et al. 2024, "AWQ" (arXiv:2306.00978) --
+  group-wise 4-bit weight quantisation (group size 128) with round-to-nearest as the baseline.
 
 What lives here:
 
@@ -17,6 +23,9 @@ What lives here:
                  :class:`StaticLossScaler`, :class:`DynamicLossScaler`
 * master weights: :func:`make_master_params`, :func:`master_step`, :class:`MasterWeightOptimizer`
 * memory:        :func:`saved_tensors_report`, :func:`grad_bytes`
+* low precision: :data:`FP8_FORMATS`, :func:`quantize_fp8`, :func:`dequantize_fp8`, :func:`fp8_matmul`,
+                 :func:`quantize_int4`, :func:`dequantize_int4`, :func:`int4_bits_per_weight`,
+                 :func:`relative_error`
 """
 
 from __future__ import annotations
@@ -35,22 +44,30 @@ FORMATS: dict[str, torch.dtype] = {
     "BF16": torch.bfloat16,
 }
 
-_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+#: The two FP8 formats of Micikevicius et al. 2022 (H100's and the Transformer Engine's): E4M3 for
+#: weights and activations, E5M2 (more range, less precision) for gradients. ``fn``: finite, no infinity.
+FP8_FORMATS: dict[str, torch.dtype] = {
+    "FP8-E4M3": torch.float8_e4m3fn,
+    "FP8-E5M2": torch.float8_e5m2,
+}
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+             torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
 
 
 def _check_float_dtype(dtype) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or dtype not in _INT_VIEW:
         raise TypeError(
-            f"expected one of torch.float32, torch.float16, torch.bfloat16, got {dtype!r}; "
-            "pass a torch dtype, e.g. precision.FORMATS['BF16']"
+            f"expected one of torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, "
+            f"torch.float8_e5m2, got {dtype!r}; pass a torch dtype, e.g. precision.FORMATS['BF16']"
         )
     return dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The course's name for ``dtype`` ("FP32", "FP16", "BF16")."""
+    """The course's name for ``dtype`` ("FP32", "FP16", "BF16", "FP8-E4M3", "FP8-E5M2")."""
     _check_float_dtype(dtype)
-    return {v: k for k, v in FORMATS.items()}[dtype]
+    return {v: k for k, v in {**FORMATS, **FP8_FORMATS}.items()}[dtype]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,6 +102,10 @@ def bit_layout(dtype: torch.dtype) -> BitLayout:
 
 def format_summary(dtype: torch.dtype) -> dict:
     """Range and precision of ``dtype``, all read from or computed with ``torch.finfo``.
+
+    Works for the FP8 formats too: E4M3 gives max 448, smallest normal ``2**-6``, smallest subnormal
+    ``2**-9``, eps ``2**-3``; E5M2 max 57344, ``2**-14``, ``2**-16``, ``2**-2`` (Micikevicius et al.
+    2022, Table 1).
 
     Returns a dict with ``name, bits, exponent_bits, mantissa_bits, max, smallest_normal,
     smallest_subnormal, eps, decimal_digits``. ``smallest_subnormal = smallest_normal * eps``
@@ -455,3 +476,120 @@ def grad_bytes(params: Iterable[torch.Tensor]) -> dict:
             d = str(p.grad.dtype).replace("torch.", "")
             out[d] = out.get(d, 0) + p.grad.numel() * p.grad.element_size()
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Low precision: FP8 with per-tensor scales, INT4 weights with per-group scales
+# ----------------------------------------------------------------------------------------------
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||approx - exact|| / ||exact||`` (Frobenius norms, computed in float64)."""
+    if approx.shape != exact.shape:
+        raise ValueError(f"shapes differ: approx {tuple(approx.shape)} vs exact {tuple(exact.shape)}")
+    a, e = approx.double(), exact.double()
+    norm = torch.linalg.vector_norm(e).item()
+    if norm == 0:
+        raise ValueError("exact is all zeros: a relative error is undefined")
+    return torch.linalg.vector_norm(a - e).item() / norm
+
+
+def _check_fp8(dtype) -> torch.dtype:
+    if dtype not in FP8_FORMATS.values():
+        raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype!r}")
+    return dtype
+
+
+def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scale=None,
+                 margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor scaled cast to FP8: returns ``(q, scale)`` with ``q = fp8(clamp(x * scale))``.
+
+    ``scale = fp8_max * 2**-margin / amax(|x|)`` maps the tensor's largest magnitude onto the format's
+    largest finite value, so small tensors use the format's precise range instead of underflowing
+    (Micikevicius et al. 2022, §3; Transformer Engine's ``Float8CurrentScaling``, or
+    ``DelayedScaling`` with the amax taken from past steps: pass that ``scale``). Values beyond the
+    range saturate to ``+-fp8_max`` (E4M3 has no infinity). ``scale`` is a float32 0-d tensor; an
+    all-zero ``x`` gets scale 1. Within the normal range every element's relative error is at most
+    half an ulp, ``eps / 2``: ``2**-4`` for E4M3, ``2**-3`` for E5M2.
+    """
+    _check_fp8(dtype)
+    if not torch.is_floating_point(x):
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    fmax = torch.finfo(dtype).max
+    xf = x.float()
+    if scale is None:
+        amax = xf.abs().max() if xf.numel() else torch.tensor(0.0)
+        if not torch.isfinite(amax):
+            raise ValueError("x holds inf or NaN; per-tensor scaling needs a finite amax")
+        scale = torch.where(amax > 0, fmax * 2.0 ** -margin / amax, torch.tensor(1.0))
+    scale = torch.as_tensor(scale, dtype=torch.float32)
+    if not (scale > 0 and torch.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale.item()}")
+    q = (xf * scale).clamp(-fmax, fmax).to(dtype)
+    return q, scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale) -> torch.Tensor:
+    """Back to float32: ``q / scale`` (Transformer Engine keeps ``scale_inv`` for this)."""
+    _check_fp8(q.dtype)
+    return q.float() / torch.as_tensor(scale, dtype=torch.float32)
+
+
+def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """``a @ b`` as an FP8 GEMM computes it, emulated on any device: each operand quantised with its
+    own per-tensor scale (:func:`quantize_fp8`), the FP8 values multiplied and summed in float32 (the
+    tensor cores' accumulator), the product divided by both scales. Returns float32.
+
+    Only the rounding of the inputs to FP8 is modelled; real kernels also round the output.
+    """
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"need (m, k) @ (k, n) matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
+    qa, sa = quantize_fp8(a, fmt)
+    qb, sb = quantize_fp8(b, fmt)
+    return (qa.float() @ qb.float()) / (sa * sb)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric round-to-nearest INT4 with one scale per group of ``group_size`` consecutive weights
+    along the last (input) dimension, the baseline GPTQ and AWQ compare against (group size 128).
+
+    Per group ``scale = amax / 7`` and ``code = round(w / scale)``: codes lie in ``[-7, 7]``, inside
+    INT4's ``[-8, 7]`` (symmetric: zero is exact and no zero-point is stored). Returns ``(codes,
+    scales)``: ``codes`` int8 with ``w``'s shape (one 4-bit value per int8; packing two per byte is a
+    storage detail), ``scales`` float32 of shape ``(*w.shape[:-1], w.shape[-1] // group_size)``.
+    An all-zero group gets scale 1. The error of a weight is at most ``scale / 2``; smaller groups
+    follow the weights' local range more closely, so the error drops, at
+    :func:`int4_bits_per_weight` cost.
+    """
+    if not torch.is_floating_point(w) or w.dim() < 1:
+        raise TypeError(f"w must be a floating-point tensor with at least one dimension, got {w.dtype}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    n = w.shape[-1]
+    if n % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the last dimension ({n}); "
+                         f"choose a divisor of {n}")
+    g = w.float().reshape(*w.shape[:-1], n // group_size, group_size)   # (..., groups, group_size)
+    amax = g.abs().amax(dim=-1)                                          # (..., groups)
+    scales = torch.where(amax > 0, amax / 7, torch.ones_like(amax))
+    codes = torch.round(g / scales.unsqueeze(-1)).clamp(-8, 7).to(torch.int8)
+    return codes.reshape(w.shape), scales
+
+
+def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``codes * scale`` per group (the inverse of :func:`quantize_int4`), float32."""
+    if codes.dtype != torch.int8:
+        raise TypeError(f"codes must be int8 (from quantize_int4), got {codes.dtype}")
+    n, groups = codes.shape[-1], scales.shape[-1]
+    if codes.shape[:-1] != scales.shape[:-1] or groups < 1 or n % groups:
+        raise ValueError(f"scales {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
+    g = codes.float().reshape(*codes.shape[:-1], groups, n // groups)
+    return (g * scales.unsqueeze(-1)).reshape(codes.shape)
+
+
+def int4_bits_per_weight(group_size: int = 128, scale_bits: int = 16) -> float:
+    """Storage per weight: 4 bits plus the group's scale shared by ``group_size`` weights
+    (``4 + 16/128 = 4.125`` bits with 16-bit scales and groups of 128)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    return 4 + scale_bits / group_size

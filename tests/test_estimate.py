@@ -382,3 +382,70 @@ def test_gpt_activation_bytes_match_tinygpt(L, B, n, d, a, V):
     assert measured == formula + extras
     # linear in the micro-batch: k micro-batches alive together keep k times the bytes
     assert E.gpt_activation_bytes(L, n, 4 * B, d, a, V) == 4 * E.gpt_activation_bytes(L, n, B, d, a, V)
+
+
+# --------------------------------------------------------------------------- MFU vs HFU, cost
+
+def test_hardware_flops_six_vs_eight_nd():
+    N, D = 1e9, 2e10
+    assert E.hardware_flops(N, D) == pytest.approx(6 * N * D)
+    # full recomputation: forward 2ND, forward again 2ND, backward 4ND
+    assert E.hardware_flops(N, D, recompute="full") == pytest.approx(2 * N * D + 2 * N * D + 4 * N * D)
+    with pytest.raises(ValueError, match="recompute"):
+        E.hardware_flops(N, D, recompute="selective")
+
+
+def test_hfu_is_four_thirds_of_mfu_with_full_recompute():
+    C, t, peak = 6e21, 1e5, 312e12
+    mfu = E.model_flops_utilization(C, t, peak, n_devices=400)
+    assert mfu == pytest.approx(6e21 / (1e5 * 400 * 312e12))
+    assert E.hardware_flops_utilization(C, t, peak, n_devices=400) == pytest.approx(mfu)
+    assert E.hardware_flops_utilization(C, t, peak, 400, recompute="full") == pytest.approx(mfu * 8 / 6)
+    with pytest.raises(ValueError):
+        E.hardware_flops_utilization(C, t, peak, 400, recompute="yes")
+
+
+def test_gpt3_costs_about_0p7_million_a100_hours_at_40_percent_mfu():
+    # 6 * 175e9 * 300e9 = 3.15e23 FLOPs; one A100 at 312e12 * 0.4 = 1.248e14 FLOP/s
+    C = E.training_flops(175e9, 300e9)
+    assert C == pytest.approx(3.15e23)
+    want_hours = 3.15e23 / (312e12 * 0.4) / 3600            # = 701,122 GPU-hours
+    got = E.training_cost(C, peak_flops=312e12, mfu=0.4, gpu_hour_price=2.0, gpu_power_watts=400,
+                          pue=1.1, n_devices=1024)
+    assert got["gpu_hours"] == pytest.approx(want_hours)
+    assert 0.69e6 < got["gpu_hours"] < 0.71e6
+    assert got["dollars"] == pytest.approx(2.0 * want_hours)
+    assert got["energy_kwh"] == pytest.approx(want_hours * 0.4 * 1.1)     # kW x h x PUE
+    assert got["wall_seconds"] == pytest.approx(want_hours * 3600 / 1024)
+    assert "wall_seconds" not in E.training_cost(C, peak_flops=312e12, mfu=0.4, gpu_hour_price=2.0,
+                                                 gpu_power_watts=400)
+
+
+@pytest.mark.parametrize("kwargs,err,words", [
+    ({"mfu": 1.5}, ValueError, "above 1"),
+    ({"mfu": 0}, ValueError, "mfu"),
+    ({"gpu_hour_price": -1}, ValueError, "gpu_hour_price"),
+    ({"gpu_power_watts": "400"}, TypeError, "gpu_power_watts"),
+    ({"pue": 0.9}, ValueError, "pue"),
+    ({"n_devices": 0}, ValueError, "n_devices"),
+])
+def test_training_cost_rejects_bad_input(kwargs, err, words):
+    args = dict(peak_flops=312e12, mfu=0.4, gpu_hour_price=2.0, gpu_power_watts=400)
+    args.update(kwargs)
+    with pytest.raises(err, match=words):
+        E.training_cost(1e21, **args)
+    with pytest.raises(TypeError):
+        E.training_cost(1e21, 312e12, 0.4, 2.0, 400)        # keyword-only: no positional mix-ups
+
+
+def test_published_runs_have_sources_and_agree_with_6nd():
+    names = [r["name"] for r in E.PUBLISHED_TRAINING_RUNS]
+    assert {"GPT-3 175B", "Chinchilla 70B", "Llama 2 70B"} <= set(names)
+    for r in E.PUBLISHED_TRAINING_RUNS:
+        assert r["source"] and r["params"] > 0 and r["tokens"] > 0, r["name"]
+        if "training_flops" in r:     # the published compute is 6ND to within 10 %
+            assert r["training_flops"] / E.training_flops(r["params"], r["tokens"]) == pytest.approx(1, abs=0.1), r["name"]
+    llama2 = E.PUBLISHED_TRAINING_RUNS[names.index("Llama 2 70B")]
+    # 6ND = 8.4e23 FLOPs in 1,720,320 A100-hours at 312 TFLOP/s: an implied MFU of 43 %
+    mfu = E.model_flops_utilization(E.training_flops(70e9, 2e12), llama2["gpu_hours"] * 3600, 312e12)
+    assert mfu == pytest.approx(8.4e23 / (1_720_320 * 3600 * 312e12)) and 0.4 < mfu < 0.47

@@ -325,3 +325,95 @@ def test_lost_update_is_asymmetric_at_a_power_of_two():
     one = torch.tensor(1.0, dtype=torch.float16)
     assert (one - torch.tensor(0.3 * u, dtype=torch.float16)).item() < 1.0  # gap below 1 is u/2
     assert (torch.tensor(1.5, dtype=torch.float16) - torch.tensor(0.49 * u, dtype=torch.float16)).item() == 1.5
+
+
+# ---------------------------------------------------------------------------------- FP8, INT4
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def test_fp8_format_summaries_match_micikevicius_table_1():
+    e4, e5 = P.format_summary(E4M3), P.format_summary(E5M2)
+    assert (e4["exponent_bits"], e4["mantissa_bits"], e5["exponent_bits"], e5["mantissa_bits"]) == (4, 3, 5, 2)
+    assert e4["max"] == 448.0 and e5["max"] == 57344.0             # (2 - 2**-2) * 2**8, (2 - 2**-2) * 2**15
+    assert e4["smallest_normal"] == 2.0 ** -6 and e5["smallest_normal"] == 2.0 ** -14
+    assert e4["smallest_subnormal"] == 2.0 ** -9 and e5["smallest_subnormal"] == 2.0 ** -16
+    assert e4["eps"] == 2.0 ** -3 and e5["eps"] == 2.0 ** -2
+    assert P.bits_of(448.0, E4M3) == ("0", "1111", "110")           # S.1111.111 is E4M3's only NaN
+    assert P.dtype_name(E5M2) == "FP8-E5M2"
+
+
+def test_per_tensor_scaled_e4m3_error_is_at_most_half_an_ulp():
+    torch.manual_seed(0)
+    # magnitudes spread over 3 decades, far below E4M3's normal range without a scale
+    x = torch.exp(torch.empty(4096).uniform_(math.log(5e-7), math.log(5e-4))) * torch.sign(torch.randn(4096))
+    q, scale = P.quantize_fp8(x)
+    assert q.dtype == E4M3 and scale.item() == pytest.approx(448.0 / x.abs().max().item())
+    back = P.dequantize_fp8(q, scale)
+    rel = ((back - x).abs() / x.abs()).max().item()
+    assert rel <= 2.0 ** -4 * (1 + 1e-6), rel                        # eps / 2, every element
+    assert rel > 2.0 ** -6                                           # and the bound is nearly reached
+    # without scaling these values are below E4M3's smallest subnormal (2**-9) and vanish
+    assert (x.to(E4M3).float() == 0).all()
+
+
+def test_fp8_saturates_instead_of_overflowing_and_takes_a_given_scale():
+    q, s = P.quantize_fp8(torch.tensor([1.0, 1000.0]), scale=1.0)
+    assert q.float().tolist() == [1.0, 448.0] and s.item() == 1.0
+    q, s = P.quantize_fp8(torch.zeros(3))
+    assert s.item() == 1.0 and (P.dequantize_fp8(q, s) == 0).all()
+    q, s = P.quantize_fp8(torch.tensor([3.0]), margin=1)             # amax -> 448 / 2
+    assert q.float().item() == 224.0 and s.item() == pytest.approx(224.0 / 3.0)
+    assert P.dequantize_fp8(q, s).item() == pytest.approx(3.0, rel=1e-6)
+
+
+def test_fp8_matmul_error_e4m3_below_e5m2_and_scaling_matters():
+    torch.manual_seed(1)
+    a, b = torch.randn(96, 64), torch.randn(64, 80)
+    exact = a @ b
+    err4 = P.relative_error(P.fp8_matmul(a, b, E4M3), exact)
+    err5 = P.relative_error(P.fp8_matmul(a, b, E5M2), exact)
+    assert 1e-3 < err4 < 2.0 ** -4 < err5 < 2.0 ** -3                # one mantissa bit fewer: ~2x the error
+    tiny = 1e-4 * a                                                  # unscaled, most of it underflows in E4M3
+    unscaled = tiny.to(E4M3).float() @ b.to(E4M3).float()
+    assert P.relative_error(P.fp8_matmul(tiny, b), tiny @ b) < 2.0 ** -4 < P.relative_error(unscaled, tiny @ b)
+
+
+def test_int4_codes_in_range_error_bounded_and_smaller_groups_help():
+    torch.manual_seed(2)
+    w = torch.randn(32, 512)
+    w[:, ::97] *= 20                                                 # a few outlier input channels
+    errors = []
+    for g in (512, 128, 32):
+        codes, scales = P.quantize_int4(w, g)
+        assert codes.dtype == torch.int8 and codes.shape == w.shape and scales.shape == (32, 512 // g)
+        assert codes.min() >= -8 and codes.max() <= 7
+        back = P.dequantize_int4(codes, scales)
+        per_weight = scales.repeat_interleave(g, dim=1)
+        assert ((back - w).abs() <= per_weight / 2 + 1e-6).all()     # round to nearest: half a step
+        errors.append(P.relative_error(back, w))
+    assert errors[0] > errors[1] > errors[2]
+    assert P.int4_bits_per_weight(128) == 4.125 and P.int4_bits_per_weight(32) == 4.5
+    codes, scales = P.quantize_int4(torch.zeros(2, 8), 4)
+    assert (codes == 0).all() and (scales == 1).all()
+
+
+def test_low_precision_bad_input():
+    with pytest.raises(TypeError, match="float8"):
+        P.quantize_fp8(torch.ones(2), dtype=torch.float16)
+    with pytest.raises(TypeError, match="floating-point"):
+        P.quantize_fp8(torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="inf or NaN"):
+        P.quantize_fp8(torch.tensor([1.0, float("inf")]))
+    with pytest.raises(ValueError, match="positive"):
+        P.quantize_fp8(torch.ones(2), scale=0.0)
+    with pytest.raises(ValueError, match="does not divide"):
+        P.quantize_int4(torch.ones(4, 100), 128)
+    with pytest.raises(ValueError, match="positive int"):
+        P.quantize_int4(torch.ones(4, 8), 0)
+    with pytest.raises(ValueError, match=r"\(m, k\) @ \(k, n\)"):
+        P.fp8_matmul(torch.ones(2, 3), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="all zeros"):
+        P.relative_error(torch.ones(2), torch.zeros(2))
+    with pytest.raises(TypeError, match="int8"):
+        P.dequantize_int4(torch.ones(2, 4), torch.ones(2, 1))
