@@ -53,7 +53,7 @@ __all__ = [
     "agreed_latest", "save_sharded",
     "load_sharded", "ShardedCheckpoint", "FaultPlan", "kill_self", "run_with_restarts", "Recovery",
     "Failure", "cluster_failures_per_day", "cluster_mtbf_hours", "young_daly_interval", "daly_interval",
-    "expected_goodput", "simulate_goodput", "LLAMA3_INTERRUPTIONS",
+    "expected_goodput", "simulate_goodput", "time_checkpoints", "LLAMA3_INTERRUPTIONS",
 ]
 
 FORMAT = "course_lib.fault/1"
@@ -645,16 +645,25 @@ class FaultPlan:
     """When ranks die: ``failures[a] = (rank, step)`` kills ``rank`` just before it runs ``step`` in
     attempt ``a`` (attempt 0 is the first run, attempt 1 the first restart, ...). Steps must grow, so
     every planned failure is reached after resuming from a checkpoint taken before the previous one.
+
+    With ``relative=True`` the second number counts steps *run in that attempt* instead: ``(rank, n)``
+    kills ``rank`` before its ``n+1``-th step since the (re)start. That is a failure clock measured in
+    work done, as for failures that arrive at random times (:meth:`exponential`).
     """
 
     failures: list[tuple[int, int]] = field(default_factory=list)
+    relative: bool = False
 
     def __post_init__(self):
         self.failures = [(int(r), int(s)) for r, s in self.failures]
         steps = [s for _, s in self.failures]
-        if any(b <= a for a, b in zip(steps, steps[1:])):
+        if self.relative:
+            if any(s < 0 for s in steps):
+                raise ValueError(f"FaultPlan: relative failure steps must be >= 0, got {steps}")
+        elif any(b <= a for a, b in zip(steps, steps[1:])):
             raise ValueError(f"FaultPlan: failure steps must increase from one attempt to the next, "
                              f"got {steps}")
+        self._ran = 0        # steps this process has run (each attempt is a fresh process)
 
     @classmethod
     def random(cls, n_failures: int, total_steps: int, world_size: int, seed: int = 0,
@@ -666,10 +675,23 @@ class FaultPlan:
         steps = sorted(rng.sample(range(first, total_steps), n_failures))
         return cls([(rng.randrange(world_size), s) for s in steps])
 
+    @classmethod
+    def exponential(cls, mtbf_steps: float, n_failures: int, world_size: int, seed: int = 0) -> "FaultPlan":
+        """Failures as a Poisson process in steps of work: attempt ``a`` dies after an exponential number
+        of steps with mean ``mtbf_steps`` (rounded down), on a random rank. ``n_failures`` bounds the
+        number of attempts that fail; give enough for the run's length."""
+        m = _positive("mtbf_steps", mtbf_steps)
+        rng = np.random.default_rng(seed)
+        return cls([(int(rng.integers(world_size)), int(rng.exponential(m))) for _ in range(n_failures)],
+                   relative=True)
+
     def maybe_fail(self, attempt: int, rank: int, step: int) -> None:
         """Call at the top of every step: kills this process if the plan says so."""
-        if attempt < len(self.failures) and self.failures[attempt] == (rank, step):
-            kill_self()
+        ran, self._ran = self._ran, self._ran + 1
+        if attempt < len(self.failures):
+            r, s = self.failures[attempt]
+            if r == rank and s == (ran if self.relative else step):
+                kill_self()
 
 
 @dataclass
@@ -790,3 +812,84 @@ def simulate_goodput(work_seconds: float, interval: float, save_seconds: float, 
         goodputs.append(work / wall)
     g = np.asarray(goodputs)
     return float(g.mean()), float(g.std(ddof=1) / math.sqrt(len(g)))
+
+
+# ============================================================================ measuring checkpoint cost
+
+def time_checkpoints(rank: int, world_size: int, directory: str, hidden: int = 256, layers: int = 4,
+                     repeats: int = 1) -> dict:
+    """Save and load the same model states two ways on every rank of the default group, and time them
+    (seconds from one barrier to the next, best of ``repeats``): ours, ZeRO-3 shards with
+    :func:`save_sharded` / :func:`load_sharded`; and ``torch.distributed.checkpoint`` with FSDP2
+    (``fully_shard``) shards: ``dcp.save``, ``dcp.async_save`` (time until it returns, and until its
+    future is done) and ``dcp.load``. The model is ``TinyMLP(64, hidden, 1, layers)`` with Adam (fp32
+    values and two moments per parameter: 12 bytes). A worker function for the virtual cluster or torchrun.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from course_lib.models import TinyMLP
+    from course_lib.zero import ZeRO
+
+    def model():
+        torch.manual_seed(0)
+        return TinyMLP(64, hidden, 1, layers)
+
+    def timed(fn):
+        best, out = float("inf"), None
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            out = fn()
+            dist.barrier()
+            best = min(best, time.perf_counter() - t0)
+        return best, out
+
+    x = torch.randn(8, 64)
+    z = ZeRO(model(), 3, lr=1e-3)
+    z(x).sum().backward()
+    z.step()
+    mgr = CheckpointManager(os.path.join(directory, f"ours-{hidden}"), keep_last=1)
+    t_save, info = timed(lambda: save_sharded(mgr, 1, z.sharded_state_dict()))
+
+    def load_ours():
+        ck = load_sharded(mgr)
+        z.load_sharded_state_dict(ck.fetch, ck.replicated)
+    t_load, _ = timed(load_ours)
+    z.close()
+
+    m = model()
+    for layer in m.layers:
+        fully_shard(layer)
+    fully_shard(m)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    m(x).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(m, opt)
+    state = {"model": msd, "optim": osd}
+    d_sync = os.path.join(directory, f"dcp-{hidden}")
+    d_async = os.path.join(directory, f"dcp-async-{hidden}")
+    fresh = iter(range(1 << 30))      # a new directory per save: DCP warns when it overwrites one
+    t_dcp_save, _ = timed(lambda: dcp.save(state, checkpoint_id=f"{d_sync}-{next(fresh)}"))
+    # async_save finishes on a background thread with collectives of its own: give it its own process
+    # group, or they interleave with the main thread's (the barrier below) and both wait forever.
+    ckpt_group = dist.new_group(backend="gloo")
+    t_async_return = t_async_total = float("inf")
+    for _ in range(repeats):     # one save in flight at a time: two would share the group's collectives
+        dist.barrier()
+        t0 = time.perf_counter()
+        fut = dcp.async_save(state, checkpoint_id=f"{d_async}-{next(fresh)}", process_group=ckpt_group)
+        dist.barrier()
+        t1 = time.perf_counter()
+        fut.result()
+        dist.barrier()
+        t_async_return, t_async_total = min(t_async_return, t1 - t0), min(t_async_total, time.perf_counter() - t0)
+    d_sync += "-0"
+    t_dcp_load, _ = timed(lambda: dcp.load(state, checkpoint_id=d_sync))
+    dcp_bytes = sum(os.path.getsize(os.path.join(d_sync, f)) for f in os.listdir(d_sync))
+    return {"params": sum(p.numel() for p in model().parameters()), "ours_bytes": info["total_bytes"],
+            "dcp_bytes": dcp_bytes, "ours_save": t_save, "ours_load": t_load, "dcp_save": t_dcp_save,
+            "dcp_async_return": t_async_return, "dcp_async_total": t_async_total,
+            "dcp_load": t_dcp_load}

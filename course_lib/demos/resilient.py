@@ -88,14 +88,16 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 def train(rank: int, world_size: int, attempt: int, directory: str, *, steps: int = 40, every: int = 5,
           plan: FaultPlan | None = None, seed: int = 0, hidden: int = 32, keep_last: int = 3,
-          omit: tuple = (), step_seconds: float = 0.0) -> dict:
+          omit: tuple = (), step_seconds: float = 0.0, progress_file: str | None = None) -> dict:
     """Data-parallel training of a tiny MLP with dropout, AdamW, a cosine schedule, a gradient scaler
     and a shuffled sampler, checkpointed every ``every`` steps into ``directory`` and resumed from the
     newest intact checkpoint there (so a restarted attempt continues where the last one saved).
 
     ``plan`` kills ranks (:class:`~course_lib.fault.FaultPlan`); ``omit`` names parts of the state *not*
     restored (any of ``PARTS``), to see what each one is for; ``step_seconds`` pads each step with a
-    sleep (emulated compute, for timing experiments). Returns this rank's ``params`` (flat), ``sha256``,
+    sleep (emulated compute, for timing experiments); ``progress_file``: rank 0 appends a line
+    ``attempt steps_done unix_time`` after every step (it outlives a killed attempt, for timelines).
+    Returns this rank's ``params`` (flat), ``sha256``,
     ``resumed_from``, ``losses`` and ``log`` of ``(attempt, steps done, time.time())``.
     """
     unknown = set(omit) - set(PARTS)
@@ -118,7 +120,14 @@ def train(rank: int, world_size: int, attempt: int, directory: str, *, steps: in
             state[part] = fresh[part]
         start = restore_training_state(state, s["model"], s["optimizer"], scheduler=s["scheduler"],
                                        scaler=s["scaler"], sampler=s["sampler"])
-    log, losses, save_seconds = [(attempt, start, time.time())], [], []
+    log, losses, save_seconds = [], [], []
+    note = open(progress_file, "a", buffering=1) if progress_file and rank == 0 else None
+
+    def record(done):
+        log.append((attempt, done, time.time()))
+        if note is not None:
+            note.write(f"{attempt} {done} {log[-1][2]:.6f}\n")
+    record(start)
     for i in range(start, steps):
         if plan is not None:
             plan.maybe_fail(attempt, rank, i)
@@ -139,7 +148,9 @@ def train(rank: int, world_size: int, attempt: int, directory: str, *, steps: in
             else:
                 manager.save(done, files["state.pt"])
             save_seconds.append(time.perf_counter() - t0)
-        log.append((attempt, done, time.time()))
+        record(done)
+    if note is not None:
+        note.close()
     return {"params": flat_params(s["model"]), "sha256": params_sha256(s["model"]), "resumed_from": start,
             "losses": losses, "log": log, "save_seconds": save_seconds}
 

@@ -1,0 +1,72 @@
+"""Shortcuts a learner would try in exercises/12_fault_tolerance.ipynb; each must score zero where listed.
+
+Three gradings (one exercise-1 case each, the cells of a run must differ): a checkpoint without the RNG
+states; a "resume" that restarts from scratch (it ends with the right weights, since the run is
+deterministic, but redoes every step: the check counts them); and the library's own training_state.
+"""
+SAVE_LOAD = '''def save_checkpoint(path, model, optimizer, scheduler, sampler, step):
+{save}
+
+
+def load_checkpoint(path, model, optimizer, scheduler, sampler):
+{load}
+'''
+NO_RNG = SAVE_LOAD.format(
+    save=("    state = {'step': step, 'model': model.state_dict(), 'optimizer': optimizer.state_dict(),\n"
+          "             'scheduler': scheduler.state_dict(), 'sampler': sampler.state_dict()}\n"
+          "    torch.save(state, path + '.tmp')\n    os.replace(path + '.tmp', path)"),
+    load=("    state = torch.load(path, weights_only=False)\n"
+          "    model.load_state_dict(state['model']); optimizer.load_state_dict(state['optimizer'])\n"
+          "    scheduler.load_state_dict(state['scheduler']); sampler.load_state_dict(state['sampler'])\n"
+          "    return state['step']"))
+FROM_SCRATCH = SAVE_LOAD.format(
+    save="    torch.save({'step': step}, path)",
+    load="    return 0   # start over: the run is deterministic, so the final weights come out right")
+LIBRARY = SAVE_LOAD.format(
+    save=("    from course_lib.fault import training_state\n"
+          "    torch.save(training_state(model, optimizer, step=step, scheduler=scheduler, sampler=sampler), path)"),
+    load=("    from course_lib.fault import restore_training_state\n"
+          "    return restore_training_state(torch.load(path, weights_only=False), model, optimizer,\n"
+          "                                  scheduler=scheduler, sampler=sampler)"))
+
+NEWEST = '''def newest_intact(directory):
+{body}
+'''
+SIZE_ONLY = NEWEST.format(body=(
+    "    steps = sorted((int(d.name[5:]), d) for d in Path(directory).glob('step_*') if (d / 'MANIFEST.json').is_file())\n"
+    "    for step, d in reversed(steps):\n"
+    "        files = json.loads((d / 'MANIFEST.json').read_text())['files']\n"
+    "        if all((d / n).is_file() and (d / n).stat().st_size == i['bytes'] for n, i in files.items()):\n"
+    "            return step\n"
+    "    return None"))
+UNVERIFIED = NEWEST.format(body=(
+    "    steps = [int(d.name[5:]) for d in Path(directory).glob('step_*') if (d / 'MANIFEST.json').is_file()]\n"
+    "    return max(steps) if steps else None"))
+MANAGER = NEWEST.format(body=(
+    "    from course_lib.fault import CheckpointManager\n"
+    "    return CheckpointManager(directory).latest()"))
+
+INTERVAL = '''def checkpoint_interval(save_seconds, gpu_mtbf_hours, n_gpus):
+{body}
+'''
+
+CASES = [
+    {"name": "saves model, optimizer, scheduler and sampler but not the RNG states",
+     "cells": {"ex1-code": NO_RNG}, "zero": ["resume_bitwise"]},
+    {"name": "checks the sizes only (a flipped bit keeps the size)",
+     "cells": {"ex2-code": SIZE_ONLY}, "zero": ["newest_intact"]},
+    {"name": "uses one GPU's MTBF for the whole job",
+     "cells": {"ex3-code": INTERVAL.format(body="    return math.sqrt(2 * save_seconds * gpu_mtbf_hours * 3600)")},
+     "zero": ["checkpoint_interval"]},
+    {"name": "restarts from scratch instead of resuming (right weights, every step redone)",
+     "cells": {"ex1-code": FROM_SCRATCH}, "zero": ["resume_bitwise"]},
+    {"name": "the newest manifest, without verifying the files",
+     "cells": {"ex2-code": UNVERIFIED}, "zero": ["newest_intact"]},
+    {"name": "sqrt(delta * M), without Young's factor 2",
+     "cells": {"ex3-code": INTERVAL.format(body="    return math.sqrt(save_seconds * gpu_mtbf_hours * 3600 / n_gpus)")},
+     "zero": ["checkpoint_interval"]},
+    {"name": "course_lib.fault's training_state / restore_training_state",
+     "cells": {"ex1-code": LIBRARY}, "zero": ["resume_bitwise"]},
+    {"name": "course_lib.fault's CheckpointManager.latest",
+     "cells": {"ex2-code": MANAGER}, "zero": ["newest_intact"]},
+]
