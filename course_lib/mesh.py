@@ -428,7 +428,7 @@ class HybridGPT:
 
     def _build(self, model: nn.Module) -> nn.Sequential:
         """This rank's stage of ``model``, sharded for tensor parallelism (weights copied)."""
-        from course_lib.tensor_parallel import ParallelBlock, VocabParallelEmbedding
+        from course_lib.tensor_parallel import VocabParallelEmbedding
 
         tp_group = self.pmesh.group("tp")
         layers: list[nn.Module] = []
@@ -436,12 +436,17 @@ class HybridGPT:
         if self.stage == 0:
             layers.append(_Embed(wte, copy.deepcopy(model.wpe)))
         for i in self.bounds[self.stage]:
-            layers.append(ParallelBlock.from_block(model.blocks[i], tp_group, builtin=self.builtin))
+            layers.append(self._shard_block(model.blocks[i], tp_group))
         if self.stage == self.pp - 1:
             # one stage: the head shares the embedding's Parameter (tied); else a copy, kept in sync
             weight = wte.weight if self.stage == 0 else nn.Parameter(wte.weight.detach().clone())
             layers.append(_Head(copy.deepcopy(model.ln_f), weight, tp_group, self.builtin))
         return nn.Sequential(*layers)
+
+    def _shard_block(self, block: nn.Module, tp_group) -> nn.Module:
+        """One block of this stage, tensor parallel (subclasses add recomputation or MoE blocks)."""
+        from course_lib.tensor_parallel import ParallelBlock
+        return ParallelBlock.from_block(block, tp_group, builtin=self.builtin)
 
     def comm_groups(self) -> dict:
         """``{"dp", "pp", "tp", "tied"}`` -> this rank's process groups (for :class:`CommMeter`)."""
@@ -470,11 +475,13 @@ class HybridGPT:
         from course_lib.tensor_parallel import vocab_parallel_cross_entropy
         return vocab_parallel_cross_entropy(logits, target, self.pmesh.group("tp"), builtin=self.builtin)
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, n_micro: int) -> float | None:
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, n_micro: int, sync_dp: bool = True) -> float | None:
         """Gradients of the mean loss over the global batch ``(x, y)`` (every rank passes all of it):
         this rank's data-parallel shard is cut into ``n_micro`` micro-batches and pipelined, then the
-        tied embedding and the data-parallel replicas are synchronised. Returns this replica's mean
-        loss on last-stage ranks, ``None`` elsewhere. Gradients accumulate: call :meth:`zero_grad`."""
+        tied embedding and (with ``sync_dp``) the data-parallel replicas are synchronised; pass
+        ``sync_dp=False`` when an optimizer such as ZeRO reduces the gradients itself. Returns this
+        replica's mean loss on last-stage ranks, ``None`` elsewhere. Gradients accumulate: call
+        :meth:`zero_grad`."""
         from course_lib import pipeline
         from course_lib.data_parallel import shard_range
 
@@ -490,7 +497,7 @@ class HybridGPT:
                                     self.loss_fn if self.last else None, self.pmesh.group("pp"))
         for p in self._tied():                          # embedding group: sum the two copies' gradients
             self._all_reduce(p.grad, self.tied_group)
-        if self.dp > 1:                                 # data parallel: one flat bucket, then average
+        if self.dp > 1 and sync_dp:                     # data parallel: one flat bucket, then average
             params = [p for p in self.parameters() if p.grad is not None]
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             self._all_reduce(flat, self.pmesh.group("dp"))

@@ -183,7 +183,7 @@ class ZeRO(nn.Module):
                             f"got {param_dtype!r}")
         self.module, self.stage, self.group = module, stage, group
         self.builtin, self.prefetch = bool(builtin), bool(prefetch)
-        self.master_dtype = params[0].dtype
+        self.master_dtype, self.device = params[0].dtype, params[0].device
         self.param_dtype = param_dtype or self.master_dtype
         self.mixed = self.param_dtype != self.master_dtype
         broadcast_parameters(module, src=src, group=group)
@@ -228,8 +228,8 @@ class ZeRO(nn.Module):
     @torch.no_grad()
     def _build_buffers(self) -> None:
         for u in self.units:
-            u.full = torch.zeros(u.padded, dtype=self.param_dtype)
-            master_full = torch.zeros(u.padded, dtype=self.master_dtype)
+            u.full = torch.zeros(u.padded, dtype=self.param_dtype, device=self.device)
+            master_full = torch.zeros(u.padded, dtype=self.master_dtype, device=self.device)
             for p, off in zip(u.params, u.offsets):
                 master_full[off:off + p.numel()].copy_(p.detach().reshape(-1))
                 p.data = u.full[off:off + p.numel()].view(p.shape)   # p is now a view into full
@@ -239,7 +239,7 @@ class ZeRO(nn.Module):
             # fp32: Adam updates the slice in place; mixed: a separate fp32 master slice
             u.master = nn.Parameter(master_full[u.lo:u.hi].clone() if self.mixed else u.shard)
             if self.stage <= 1:
-                u.grad_full = torch.zeros(u.padded, dtype=self.param_dtype)
+                u.grad_full = torch.zeros(u.padded, dtype=self.param_dtype, device=self.device)
                 for p, off in zip(u.params, u.offsets):
                     p.grad = u.grad_full[off:off + p.numel()].view(p.shape)
         if self.mixed:
@@ -259,7 +259,7 @@ class ZeRO(nn.Module):
 
     def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
         """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
-        out = torch.empty(u.shard_size, dtype=flat.dtype)
+        out = torch.empty(u.shard_size, dtype=flat.dtype, device=flat.device)
         with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
             if self.builtin:
                 dist.reduce_scatter_single(out, flat, group=self.group)
@@ -339,7 +339,7 @@ class ZeRO(nn.Module):
 
     @torch.no_grad()
     def _launch_reduce(self, u: _Unit) -> None:
-        flat = torch.zeros(u.padded, dtype=self.param_dtype)   # (padded,), freed once reduced
+        flat = torch.zeros(u.padded, dtype=self.param_dtype, device=self.device)   # (padded,), freed once reduced
         for p, off in zip(u.params, u.offsets):
             if p.grad is not None:
                 flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
@@ -487,7 +487,7 @@ class ZeRO(nn.Module):
                 key = f"{u.name}/{kind}"
                 lengths[key] = u.numel
                 if n and (self.stage > 0 or self.rank == 0):
-                    shards[key] = (u.lo, t.detach()[:n].clone())
+                    shards[key] = (u.lo, t.detach()[:n].to('cpu', copy=True))
         return {"shards": shards, "lengths": lengths,
                 "replicated": {"adam_step": steps.pop() if len(steps) == 1 else sorted(steps),
                                "stage": self.stage, "units": [u.name for u in self.units]}}
@@ -510,9 +510,9 @@ class ZeRO(nn.Module):
             n = max(0, hi - u.lo)
             values = {}
             for kind in ("master", "exp_avg", "exp_avg_sq"):
-                v = torch.zeros(u.master.numel(), dtype=self.master_dtype)
+                v = torch.zeros(u.master.numel(), dtype=self.master_dtype, device=self.device)
                 if n:
-                    v[:n] = fetch(f"{u.name}/{kind}", u.lo, hi).to(self.master_dtype)
+                    v[:n] = fetch(f"{u.name}/{kind}", u.lo, hi).to(self.device, self.master_dtype)
                 values[kind] = v
             u.master.data.copy_(values["master"])
             if self.mixed or self.stage == 3:
@@ -530,7 +530,7 @@ class ZeRO(nn.Module):
         order) on every rank: an all-gather of the master slices, for checks, not for training."""
         result = {}
         for u in self.units:
-            full = torch.empty(u.padded, dtype=self.master_dtype)
+            full = torch.empty(u.padded, dtype=self.master_dtype, device=self.device)
             if self.stage == 0:
                 full.copy_(u.master)
             else:
