@@ -440,12 +440,16 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
 
 
 # Pieces of about this many bytes are pipelined through the ring (0: one message per chunk).
-# Chosen by measurement (benchmarks/bench_collectives.py, 2-4 ranks, 1-64 MB, gloo over loopback on
-# 2 cores): a point-to-point message costs 0.25-0.5 ms with 2 ranks and about 2 ms with 4 ranks on
-# 2 cores (a waiting rank must be scheduled again), while the additions that pipelining overlaps
-# take about 2% of the time (the rest is moving bytes through TCP). Pieces cost more than they
-# save here, so the default sends each chunk whole. On a real network with a separate NIC, pieces
-# pay off (NCCL pipelines slices through its rings): pass pipeline_bytes explicitly.
+# Chosen by measurement (`python benchmarks/bench_collectives.py --profile`, 2-4 ranks, 1-64 MB, gloo
+# over loopback on 2 cores, 2026-12-04): a ring step costs 0.27 ms with 2 ranks, 0.37 ms with 3 and
+# 1.2 ms with 4 (a waiting rank must be scheduled again on oversubscribed cores) before any byte
+# moves; at 64 MB the additions take 8-12 % of the time and the one copy of 2 ranks 9 %, and moving
+# the bytes through TCP the rest (82-85 %). Everything here is CPU work on the same 2 cores, so
+# there is nothing idle for pipelining to overlap with: pieces of 256 KiB made the ring 1.1-2.4x
+# slower, pieces of 1 and 4 MiB differed from whole chunks by less than the benchmark's own noise
+# (identical code paths timed 0.8-1.2x apart). So the default sends each chunk whole. On a real
+# network with a separate NIC, pieces pay off (NCCL pipelines slices through its rings): pass
+# pipeline_bytes explicitly.
 DEFAULT_PIPELINE_BYTES = 0
 
 
