@@ -3,7 +3,7 @@
 Why it exists: with more simulated CPU devices than cores, XLA:CPU (jaxlib 0.10) deadlocked in a
 collective about once per few thousand calls: all but one device waited in the rendezvous for a
 participant that never started (see ``course_lib.launch.jax_cpu_devices``). The fix gives XLA's
-thread pool slack beyond one thread per device (``NPROC = n + 2``) and turns XNNPACK off. This
+thread pool a spare thread per device and two more (``NPROC = 2 n + 2``) and turns XNNPACK off. This
 script shows both sides on the same workload: by default with the fix; with ``--without-fix`` the
 pool is sized to exactly the devices (``NPROC = n``) and XNNPACK left on, as jaxlib does by itself.
 
@@ -14,6 +14,7 @@ progress for 30 s and reports it as a hang (XLA's own collective timeout would e
 
     python benchmarks/stress_jax_collectives.py                      # 3 processes x 300 s, with the fix
     python benchmarks/stress_jax_collectives.py --without-fix --seconds 120
+    python benchmarks/stress_jax_collectives.py --devices 8         # notebooks 00 and 03 use 8
 
 Not part of ``make test`` (minutes of CPU); the figures are in ``jax_cpu_devices``' docstring.
 """

@@ -712,20 +712,30 @@ def jax_cpu_devices(n: int, *, collective_timeout_s: float = 120.0):
     installed XLA knows them (:func:`xla_flag_known`), so older or newer jaxlib never aborts on an
     unknown flag; flags the caller already put in ``XLA_FLAGS`` are kept.
 
-    With more simulated devices than cores, XLA:CPU (jaxlib 0.10) was seen to deadlock in a
-    collective, about once per few thousand (4 devices, with XNNPACK) to ten thousand (8 devices)
-    calls: one device's computation never started while the others waited for it in the rendezvous.
-    XLA runs each device's computation as a task on a thread pool of exactly ``max(cores, n)``
-    threads, and a participant waiting in a rendezvous blocks its thread, so one stray task on that
-    pool (XNNPACK's parallel loops, a host transfer) is enough to leave the last participant queued
-    with no thread to run it. So when ``n`` exceeds the core count this also turns XNNPACK off and
-    sizes XLA's pools to ``n + 2`` threads (``NPROC``, read by XLA, unless already set); neither
-    changes results, only which kernels and threads compute them. Measured with
-    ``benchmarks/stress_jax_collectives.py`` (notebook 04's JAX cells in a loop, 3 processes of 4
-    devices on 2 cores, 2026-12-04, jaxlib 0.10.2): with both changes 0 hangs in 667,694 launches
-    (1.29 M collectives, 3 x 300 s); pool of exactly ``n`` threads, XNNPACK on (jaxlib's own set-up):
-    3 of 3 processes hung within 120 s, twice in the first 106 launches; pool of ``n``, XNNPACK off:
-    3 of 3 hung; pool of ``n + 2``, XNNPACK on: 1 of 3 hung in 120 s. Both are needed.
+    With more simulated devices than cores, XLA:CPU (jaxlib 0.10) deadlocks in a collective now and
+    then: one device's computation never starts while the others wait for it in the rendezvous.
+    XLA runs each device's computation as a task on a thread pool of ``max(cores, n)`` threads, and a
+    participant waiting in a rendezvous blocks its thread, so other tasks on that pool (XNNPACK's
+    parallel loops, the devices' own parallel work, host transfers) can leave the last participant
+    queued with no thread to run it. So when ``n`` exceeds the core count this also turns XNNPACK off
+    and sizes XLA's pools to ``2 n + 2`` threads (``NPROC``, read by XLA, unless already set): a
+    spare thread per device and two more. Neither changes results, only which kernels and threads
+    compute them. Measured with ``benchmarks/stress_jax_collectives.py`` (notebook 04's JAX cells in a
+    loop, 3 processes at once on 2 cores, jaxlib 0.10.2, 2026-12-04), hung processes of 3:
+
+    ============================  ===========================  ===========================
+    pool, XNNPACK                 4 devices                    8 devices
+    ============================  ===========================  ===========================
+    ``n``, on (jaxlib's own)      3 in 120 s                   3 in 60 s
+    ``n``, off                    3 in 120 s                   --
+    ``n + 2``, on                 1 in 120 s                   --
+    ``n + 2``, off                0 in 3 x 300 s (667,694      2 in 150 s
+                                  launches)
+    ``2 n + 2``, off (this)       0 in 3 x 300 s (579,396      0 in 3 x 300 s (336,762
+                                  launches)                    launches)
+    ============================  ===========================  ===========================
+
+    Should a collective still stall, the timeout above ends the process with XLA's message.
 
     Raises:
         RuntimeError: JAX was already initialised with fewer than ``n`` CPU devices (restart the
@@ -748,7 +758,7 @@ def jax_cpu_devices(n: int, *, collective_timeout_s: float = 120.0):
     add("xla_cpu_collective_call_warn_stuck_timeout_seconds", max(1, timeout // 4))
     if n > (os.cpu_count() or 1):
         add("xla_cpu_use_xnnpack", "false")
-        os.environ.setdefault("NPROC", str(n + 2))  # XLA:CPU's pool size: slack beyond one thread per device
+        os.environ.setdefault("NPROC", str(2 * n + 2))  # XLA:CPU's pool: a spare thread per device, and two
     os.environ["XLA_FLAGS"] = " ".join(flags)
     import jax
 
