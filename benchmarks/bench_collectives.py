@@ -30,6 +30,15 @@ import time
 from course_lib.launch import Cluster
 
 
+def _median_max(samples):
+    """Median over repeats of the slowest rank's time (a collective ends when its last rank ends)."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return statistics.median(t.tolist())
+
+
 def _bench(rank, world_size, sizes_mb, repeats, pipeline_bytes):
     """Runs on every rank: time ours and torch's all-reduce, alternating, on the same data."""
     import torch
@@ -53,21 +62,9 @@ def _bench(rank, world_size, sizes_mb, repeats, pipeline_bytes):
                 t0 = time.perf_counter()
                 fn(y)
                 ts.append(time.perf_counter() - t0)
-        # A collective ends when its slowest rank ends: report the max over ranks of each repeat.
-        times = torch.tensor([t_ours, t_torch], dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        rows.append((mb, statistics.median(times[0].tolist()), statistics.median(times[1].tolist()),
+        rows.append((mb, _median_max(t_ours), _median_max(t_torch),
                      bool(torch.allclose(y_ours, y_torch, rtol=1e-5, atol=1e-4))))
     return rows
-
-
-def _median_max(samples):
-    """Median over repeats of the slowest rank's time (a collective ends when its last rank ends)."""
-    import torch
-    import torch.distributed as dist
-    t = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return statistics.median(t.tolist())
 
 
 def _profile(rank, world_size, sizes_mb, repeats, pieces):
