@@ -91,3 +91,33 @@ def test_demo_under_torchrun_with_check(tmp_path):
     assert p.stdout.count("MFU") == 3 and "check: max |loss - one-process loss|" in p.stdout and "OK" in p.stdout
     bad = subprocess.run(cmd[:4] + ["--nproc_per_node=2"] + cmd[5:], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "must divide the world size 2" in bad.stdout + bad.stderr
+
+
+def test_toolbox_table_numbers_come_from_the_cited_notebooks():
+    """Notebook 14's toolbox table quotes what notebooks 02-13 measured: every number in its "saves" and
+    "costs" columns must stand in the committed notebook its last column cites (digits compared without
+    thousands separators), so a re-run notebook or an edited table cannot drift apart silently."""
+    import json
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    nb = json.loads((repo / "notebooks" / "14_putting_it_together.ipynb").read_text())
+    table = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"
+                 and "## 2. The toolbox, measured" in "".join(c["source"]))
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| technique")]
+    assert len(rows) >= 10, f"the toolbox table has {len(rows)} rows"
+    number = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")
+    plain = lambda s: re.sub(r"(?<=\d),(?=\d{3})", "", s)  # noqa: E731  1,572,864 -> 1572864
+    problems = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        cited = re.match(r"(\d\d_[a-z_]+)", cells[-1])
+        if cited is None:
+            problems.append(f"{cells[0]!r} cites no notebook")
+            continue
+        source = plain((repo / "notebooks" / f"{cited.group(1)}.ipynb").read_text())
+        missing = sorted({n for n in number.findall(" ".join(cells[1:-1])) if plain(n) not in source})
+        if missing:
+            problems.append(f"{cells[0]!r}: {missing} not in {cited.group(1)}")
+    assert not problems, "\n".join(problems)
