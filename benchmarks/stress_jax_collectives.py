@@ -38,6 +38,7 @@ def worker(seconds: float, devices: int) -> None:
 
     import numpy as np
 
+    from course_lib import compat
     from course_lib.launch import jax_cpu_devices
 
     devs = jax_cpu_devices(devices, collective_timeout_s=4 * STALL_S)
@@ -59,7 +60,7 @@ def worker(seconds: float, devices: int) -> None:
     @jax.jit
     @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P())
     def dp_grad(w, X_shard, y_shard):
-        w = jax.lax.pcast(w, "data", to="varying")
+        w = compat.pcast(w, "data", to="varying")
         return jax.lax.pmean(grad_fn(w, X_shard, y_shard), "data")
 
     @jax.jit

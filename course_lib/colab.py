@@ -25,14 +25,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["REPOSITORY", "BRANCH", "DISTRIBUTION", "SETUP_TAGS", "install_source", "badge_url",
-           "badge_markdown", "setup_cell_source", "install_missing", "sync"]
+__all__ = ["REPOSITORY", "BRANCH", "DISTRIBUTION", "SETUP_TAGS", "COLAB_IMAGE", "install_source",
+           "badge_url", "badge_markdown", "setup_cell_source", "version_tuple", "install_missing",
+           "download_sizes", "colab_pins", "sync"]
 
 REPOSITORY = "https://github.com/dist-dl-course/dist-dl-course"
 BRANCH = "main"
 DISTRIBUTION = "course-lib"
 SETUP_TAGS = ["nbval-skip", "colab-setup"]
 INDEX = "START_HERE.ipynb"
+
+# Google Colab's stock runtime (github.com/googlecolab/backend-info, pip-freeze.txt and pip-freeze.gpu.txt
+# at a724079, 2026-08-19, "Upgrade to Python 3.13"; the same versions on CPU, GPU and TPU runtimes, the GPU
+# ones with torch 2.11.0+cu128 and jax's CUDA 12 plugin). The course's floors are these versions
+# (pyproject.toml): the set-up cell installs nothing but the course there (tests/test_colab.py), and
+# `make test-versions` runs the whole suite in a venv built from these pins (`colab_pins()`).
+COLAB_PYTHON = "3.13"
+COLAB_IMAGE = {
+    "torch": "2.11.0", "jax": "0.7.2", "jaxlib": "0.7.2", "numpy": "2.1.3", "scipy": "1.16.3",
+    "matplotlib": "3.10.0", "ipywidgets": "7.7.1", "ipykernel": "6.17.1", "ipython": "7.34.0",
+    "cloudpickle": "3.1.2", "tqdm": "4.67.3", "nbformat": "5.11.1",
+}
+
+
+def colab_pins() -> list[str]:
+    """Colab's image as pip requirements (``jax[cpu]==0.7.2``, ...), for a venv that mirrors it."""
+    return [f"{'jax[cpu]' if n == 'jax' else n}=={v}" for n, v in COLAB_IMAGE.items()]
+
 
 _BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
 _BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
@@ -67,7 +86,8 @@ def setup_cell_source() -> str:
         "    install_missing()  # only what Colab lacks: its torch, jax, ipywidgets stay")
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"2.11.0+cu128"`` -> ``(2, 11, 0)``: the leading dotted numbers of a version string."""
     m = re.match(r"\d+(?:\.\d+)*", version)
     return tuple(int(x) for x in m.group(0).split(".")) if m else ()
 
@@ -86,35 +106,80 @@ def _runtime_requirements(dist: str) -> list[tuple[str, str]]:
     return out
 
 
-def install_missing(dist: str = DISTRIBUTION, dry_run: bool = False) -> list[str]:
+def install_missing(dist: str = DISTRIBUTION, dry_run: bool = False,
+                    installed: dict[str, str] | None = None) -> list[str]:
     """pip-install the runtime requirements of ``dist`` that are missing or older than their floor.
 
     Returns the requirements installed (or, with ``dry_run``, that would be). Already installed
-    packages at or above their floor are left alone. If an upgraded package was already imported
-    in this process, a note asks to restart the runtime.
+    packages at or above their floor are left alone. ``installed`` (``{name: version}``) checks an
+    environment described by its versions instead of this one (``install_missing(dry_run=True,
+    installed=COLAB_IMAGE)``: what the set-up cell would install on Colab's stock image). Before it
+    installs anything it prints what pip would download and how many megabytes (:func:`download_sizes`);
+    if an upgraded package was already imported in this process, a note asks to restart the runtime.
     """
     todo, present = [], []
     for name, floor in _runtime_requirements(dist):
-        try:
-            have = md.version(name)
-        except md.PackageNotFoundError:
-            todo.append(f"{name}>={floor}")
-            continue
-        if _version_tuple(have) < _version_tuple(floor):
+        have = _installed_version(name, installed)
+        if have is None or version_tuple(have) < version_tuple(floor):
             todo.append(f"{name}>={floor}")
         else:
             present.append(f"{name} {have}")
     print(f"{dist}: already here: {', '.join(present) or 'nothing'}")
     if not todo:
         return []
-    print(f"{dist}: installing {' '.join(todo)}")
+    print(f"{dist}: missing or older than the course needs: {' '.join(todo)}")
     if not dry_run:
+        sizes = download_sizes(todo)
+        if sizes:
+            total = sum(b for _, b in sizes.values() if b)
+            print(f"{dist}: pip will download {len(sizes)} package(s), about {total / 1e6:,.0f} MB: "
+                  + ", ".join(f"{n} {v} ({b / 1e6:,.1f} MB)" if b else f"{n} {v} (size unknown)"
+                              for n, (v, b) in sizes.items()))
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *todo], check=True)
         loaded = [r for r in todo if _REQ_RE.fullmatch(r)[1].replace("-", "_") in sys.modules]
         if loaded:
             print(f"{dist}: {', '.join(loaded)} upgraded after being imported: restart the runtime "
                   "(Runtime > Restart session) and run the notebook again")
     return todo
+
+
+def _installed_version(name: str, installed: dict[str, str] | None) -> str | None:
+    if installed is not None:
+        norm = {k.lower().replace("_", "-"): v for k, v in installed.items()}
+        return norm.get(name.lower().replace("_", "-"))
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def download_sizes(requirements: list[str], timeout: float = 10.0) -> dict[str, tuple[str, int | None]]:
+    """``{name: (version, bytes)}`` of what ``pip install requirements`` would download, dependencies
+    included: pip's own resolution (``pip install --dry-run --report``), each file's size from the
+    index (an HTTP ``HEAD``; ``None`` where the index does not say). ``{}`` if pip cannot resolve."""
+    import urllib.request
+
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
+                          *requirements], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {}
+    try:
+        report = json.loads(out.stdout)
+    except ValueError:
+        return {}
+    sizes = {}
+    for item in report.get("install", []):
+        meta, url = item.get("metadata", {}), item.get("download_info", {}).get("url", "")
+        size = None
+        if url.startswith("http"):
+            try:
+                req = urllib.request.Request(url, method="HEAD")
+                with urllib.request.urlopen(req, timeout=timeout) as resp:
+                    size = int(resp.headers.get("Content-Length") or 0) or None
+            except (OSError, ValueError):
+                size = None
+        sizes[meta.get("name", url)] = (meta.get("version", "?"), size)
+    return sizes
 
 
 # ------------------------------------------------------------------------------ the repository's notebooks
@@ -247,7 +312,13 @@ def main(argv: list[str] | None = None) -> int:
                                     "and the index page")
     s.add_argument("--repo", default=".", help="the course repository (default: the current folder)")
     s.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything is out of date")
+    sub.add_parser("pins", help="print Colab's stock image as pip requirements, one per line "
+                                "(`make test-versions` builds its oldest set from them)")
     args = p.parse_args(argv)
+    if args.cmd == "pins":
+        print(f"python{COLAB_PYTHON}")
+        print("\n".join(colab_pins()))
+        return 0
     try:
         changed = sync(args.repo, check=args.check)
     except (FileNotFoundError, ValueError) as err:

@@ -17,19 +17,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-try:  # jax >= 0.6 exports shard_map at the top level
-    from jax import shard_map as _shard_map
-except ImportError:  # pragma: no cover - older JAX
-    from jax.experimental.shard_map import shard_map as _shard_map
+from course_lib.compat import shard_map
 
 __all__ = ["shard_map", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
            "ring_all_reduce_sharded", "count_hlo_ops", "expert_fn", "moe_layer", "moe_dispatch_masks",
            "expert_parallel_moe"]
-
-
-def shard_map(f, mesh, in_specs, out_specs):
-    """``jax.shard_map`` across JAX versions (``check_vma``/``check_rep`` is left at its default)."""
-    return _shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
 
 # ------------------------------------------------------------------------------------------

@@ -699,6 +699,9 @@ def xla_flag_known(name: str) -> bool:
 def jax_cpu_devices(n: int, *, collective_timeout_s: float = 120.0):
     """Give JAX ``n`` simulated CPU devices and return them (a list of ``n`` devices).
 
+    JAX is pinned to its CPU backend (``jax_platforms="cpu"``), so that on a machine with a GPU it
+    neither takes the GPU's memory from torch nor runs the notebook's JAX code on a different backend
+    than the one whose numbers the notebook prints; ``jax_cpu_devices(1)`` does only that.
     Must run before JAX executes anything in this process (JAX fixes its devices on first use). On
     JAX >= 0.4.38 this sets ``jax_num_cpu_devices``; older versions read
     ``--xla_force_host_platform_device_count`` from ``XLA_FLAGS``, which is set too.
@@ -760,14 +763,20 @@ def jax_cpu_devices(n: int, *, collective_timeout_s: float = 120.0):
         add("xla_cpu_use_xnnpack", "false")
         os.environ.setdefault("NPROC", str(2 * n + 2))  # XLA:CPU's pool: a spare thread per device, and two
     os.environ["XLA_FLAGS"] = " ".join(flags)
+    # On a machine with a GPU, JAX would otherwise start its CUDA backend too and take 75 % of the
+    # GPU's memory at once, so that a torch rank started afterwards fails with "CUDA error: out of
+    # memory". The simulated devices are CPU devices: JAX is pinned to its CPU backend, and should a
+    # GPU backend start anyway (JAX already initialised on it) it allocates on demand.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
 
-    try:
-        jax.config.update("jax_num_cpu_devices", n)
-    except AttributeError:  # very old JAX: XLA_FLAGS alone does it
-        pass
-    except RuntimeError:  # backends already initialised: fine if there are enough devices
-        pass
+    for option, value in (("jax_platforms", "cpu"), ("jax_num_cpu_devices", n)):
+        try:
+            jax.config.update(option, value)
+        except AttributeError:  # very old JAX: XLA_FLAGS alone does it
+            pass
+        except RuntimeError:  # backends already initialised: fine if there are enough devices
+            pass
     devices = jax.devices("cpu")
     if len(devices) < n:
         raise RuntimeError(

@@ -251,6 +251,7 @@ def device_mesh_ranks(shape, names: Sequence[str] = AXES, device_type: str | Non
 # --------------------------------------------------------------------------- measuring traffic
 _P2P = ("isend", "irecv", "send", "recv")
 _COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+                "all_gather_single", "reduce_scatter_single", "all_to_all",
                 "all_to_all_single")
 
 
@@ -300,7 +301,8 @@ class CommMeter:
             if group is None and len(args) >= 2 and name in _P2P:
                 group = args[1]
             axis = meter._axis(group)
-            nbytes = tensor.numel() * tensor.element_size()
+            blocks = tensor if isinstance(tensor, (list, tuple)) else [tensor]   # all_to_all: a list
+            nbytes = sum(t.numel() * t.element_size() for t in blocks)
             if name in ("isend", "send"):
                 meter.sent[axis] += nbytes
                 meter.messages[axis] += 1
@@ -318,7 +320,9 @@ class CommMeter:
             raise RuntimeError("a CommMeter is already active in this process; meters do not nest")
         CommMeter._active = True
         for name in _P2P + _COLLECTIVES:
-            fn = getattr(dist, name)
+            fn = getattr(dist, name, None)
+            if fn is None:   # all_gather_single / reduce_scatter_single: torch >= 2.13 only
+                continue
             self._saved[name] = fn
             setattr(dist, name, self._wrap(name, fn))
         return self

@@ -121,7 +121,9 @@ def checkpoint_reentrant(fn, *args, preserve_rng_state: bool = True):
 class _SaveInputs(torch.autograd.Function):
     """Saves the checkpoint's tensor inputs through autograd (like every op saves what it needs),
     so they are counted by saved-tensor accounting and version-checked when taken back. Its output
-    is an empty dummy that nothing uses; the node lives as long as the frame that holds it."""
+    is an empty dummy that nothing uses, but the frame must hold that *output*, not only its
+    ``grad_fn``: torch 2.11 frees the saved tensors of a node whose outputs are all gone
+    (``torch.utils.checkpoint`` keeps its ``input_saver`` output alive for the same reason)."""
 
     @staticmethod
     def forward(ctx, dummy, *tensors):
@@ -142,7 +144,7 @@ class _Frame:
         self.others = [None if t else a for a, t in zip(args, self.is_tensor)]
         self.flags = [a.requires_grad if t else False for a, t in zip(args, self.is_tensor)]
         dummy = torch.empty(0, requires_grad=True)
-        self.inputs = _SaveInputs.apply(dummy, *[a for a in args if isinstance(a, torch.Tensor)]).grad_fn
+        self.saver = _SaveInputs.apply(dummy, *[a for a in args if isinstance(a, torch.Tensor)])
         self.devices = _rng_devices(args)
         self.rng = _get_rng(self.devices) if preserve_rng_state else None
         self.n_saved = 0        # tickets handed out in the forward
@@ -150,7 +152,7 @@ class _Frame:
 
     def recompute(self) -> None:
         try:
-            tensors = iter(self.inputs.saved_tensors)
+            tensors = iter(self.saver.grad_fn.saved_tensors)
         except RuntimeError as e:
             raise RuntimeError("checkpoint: an input of fn was modified in place after the forward, "
                                "so the recomputation would see different values; clone the input "

@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib import collectives, trace
+from course_lib import collectives, compat, trace
 
 __all__ = [
     "shard_range",
@@ -123,7 +123,7 @@ def _all_gather(x: torch.Tensor, dim: int, group, builtin: bool, name: str) -> t
     out = torch.empty((t * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("all-gather", name):
         if builtin:
-            dist.all_gather_single(out, x, group=group)
+            compat.all_gather_single(out, x, group=group)
         else:
             collectives.ring_all_gather(out, x, group=group)
     return out.movedim(0, dim).contiguous()                 # back to the caller's layout
@@ -139,7 +139,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("reduce-scatter", name):
         if builtin:
-            dist.reduce_scatter_single(out, full, group=group)
+            compat.reduce_scatter_single(out, full, group=group)
         else:
             collectives.ring_reduce_scatter(out, full, group=group)
     return out.movedim(0, dim).contiguous()

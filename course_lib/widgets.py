@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import matplotlib.pyplot as plt
 
-from course_lib import estimate
+from course_lib import compat, estimate
 from course_lib.viz_memory import plot_memory_breakdown
 
 _POW2 = [2 ** i for i in range(0, 15)]
@@ -59,7 +59,7 @@ class _StaticFallback:
         raise NotImplementedError
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = dict(self.widget._repr_mimebundle_())
+        bundle = compat.widget_mimebundle(self.widget)
         bundle["text/plain"] = self.static_text()
         if self.figure is not None:
             bundle["image/png"] = _figure_png(self.figure)

@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from course_lib import collectives, trace
+from course_lib import collectives, compat, trace
 from course_lib.data_parallel import broadcast_parameters
 
 __all__ = ["ZeRO", "comm_bytes_per_step", "default_units"]
@@ -253,7 +253,7 @@ class ZeRO(nn.Module):
     def _all_gather(self, u: _Unit) -> None:
         with trace.span("all-gather", f"all-gather {u.name}"):
             if self.builtin:
-                dist.all_gather_single(u.full, u.shard.clone(), group=self.group)
+                compat.all_gather_single(u.full, u.shard.clone(), group=self.group)
             else:
                 collectives.ring_all_gather(u.full, u.shard, group=self.group)
 
@@ -262,7 +262,7 @@ class ZeRO(nn.Module):
         out = torch.empty(u.shard_size, dtype=flat.dtype, device=flat.device)
         with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
             if self.builtin:
-                dist.reduce_scatter_single(out, flat, group=self.group)
+                compat.reduce_scatter_single(out, flat, group=self.group)
                 out.div_(self.world_size)
             else:
                 collectives.ring_reduce_scatter(out, flat, op="avg", group=self.group)

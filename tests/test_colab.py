@@ -118,3 +118,45 @@ def test_install_missing_installs_only_missing_or_older(monkeypatch, capsys):
     monkeypatch.setattr(colab.md, "requires", lambda dist: ["torch~=2.7"])
     with pytest.raises(ValueError, match="name>=version"):
         colab.install_missing(dry_run=True)
+
+
+def _pyproject_runtime_requirements() -> list[tuple[str, str]]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    out = []
+    for d in deps:
+        m = colab._REQ_RE.fullmatch(d.strip())
+        assert m, f"pyproject.toml: {d!r} is not of the form name>=version"
+        out.append((m[1], m[3]))
+    return out
+
+
+def test_colabs_stock_image_satisfies_every_floor_so_the_setup_cell_installs_nothing_else(monkeypatch, capsys):
+    # pyproject's runtime requirements, checked against the versions of Colab's image (COLAB_IMAGE):
+    # the set-up cell's install_missing must find nothing to install. `make test-versions` repeats this
+    # in a venv built from the same pins, on the installed wheel's own metadata.
+    reqs = [f"{n}>={v}" for n, v in _pyproject_runtime_requirements()]
+    monkeypatch.setattr(colab.md, "requires", lambda dist: reqs)
+    assert colab.install_missing(dry_run=True, installed=colab.COLAB_IMAGE) == []
+    assert "torch 2.11.0" in capsys.readouterr().out
+    # and the check can fail: one floor above Colab's version is reported for install
+    monkeypatch.setattr(colab.md, "requires", lambda dist: reqs + ["ipywidgets>=8.0"])
+    assert colab.install_missing(dry_run=True, installed=colab.COLAB_IMAGE) == ["ipywidgets>=8.0"]
+
+
+def test_every_runtime_requirement_is_pinned_in_the_colab_image():
+    names = {n.lower() for n, _ in _pyproject_runtime_requirements()}
+    missing = names - set(colab.COLAB_IMAGE)
+    assert not missing, f"COLAB_IMAGE lacks {sorted(missing)}: add Colab's version (backend-info's pip-freeze.txt)"
+    assert all(r.count("==") == 1 for r in colab.colab_pins())
+
+
+def test_download_sizes_reports_pips_resolution(monkeypatch):
+    report = {"install": [{"metadata": {"name": "tqdm", "version": "4.67.3"},
+                           "download_info": {"url": "file:///nowhere/tqdm.whl"}}]}
+
+    class Done:
+        returncode, stdout = 0, json.dumps(report)
+    calls = []
+    monkeypatch.setattr(colab.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or Done())
+    assert colab.download_sizes(["tqdm>=4.60"]) == {"tqdm": ("4.67.3", None)}   # no http: size unknown
+    assert "--dry-run" in calls[0] and "--report" in calls[0]

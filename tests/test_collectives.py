@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from course_lib import collectives as C
+from course_lib import compat
 from course_lib.launch import Cluster, RankError
 
 WORLD = 4
@@ -139,11 +140,11 @@ def reduce_scatter_worker(rank, world_size):
             continue
         N, grank = len(members), members.index(rank)
         for dtype in (torch.float64, torch.float32):
-            # tensor form, divisible: == dist.reduce_scatter_tensor
+            # tensor form, divisible: == dist.reduce_scatter_single
             x = _data(grank, 6 * N, dtype, integer=True)
             ours, ref = torch.empty(6, dtype=dtype), torch.empty(6, dtype=dtype)
             C.ring_reduce_scatter(ours, x, group=group)
-            dist.reduce_scatter_tensor(ref, x.clone(), group=group)
+            compat.reduce_scatter_single(ref, x.clone(), group=group)
             if not torch.equal(ours, ref):
                 fails.append(f"{gname} tensor {dtype}")
             # list form, equal sizes: == dist.reduce_scatter, with avg
@@ -181,7 +182,7 @@ def all_gather_worker(rank, world_size):
             x = _data(grank, 5, dtype, integer=False)
             ours, ref = torch.empty(5 * N, dtype=dtype), torch.empty(5 * N, dtype=dtype)
             C.ring_all_gather(ours, x, group=group)
-            dist.all_gather_into_tensor(ref, x, group=group)
+            compat.all_gather_single(ref, x, group=group)
             if not torch.equal(ours, ref):  # a copy, not a sum: bit-exact in every dtype
                 fails.append(f"{gname} tensor {dtype}")
             ol, rl = [torch.empty(5, dtype=dtype) for _ in range(N)], [torch.empty(5, dtype=dtype) for _ in range(N)]
@@ -218,7 +219,7 @@ def all_to_all_worker(rank, world_size):
         inp = [torch.full((3,), float(100 * g + j)) for j in range(N)]
         ours, ref = [torch.empty(3) for _ in range(N)], [torch.empty(3) for _ in range(N)]
         C.all_to_all(ours, inp, group=group)
-        dist.all_to_all(ref, inp, group=group)
+        compat.all_to_all(ref, inp, group=group)
         if not all(torch.equal(a, b) for a, b in zip(ours, ref)):
             fails.append(f"{gname} equal sizes")
         # uneven (gloo refuses): rank g sends j + g + 1 elements to rank j
