@@ -69,22 +69,19 @@ test: wheel
 	cd $(TEST_RUN) && $(TBIN)/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
 	    $(CURDIR)/tests notebooks
 
-# The supported-versions matrix (README "Supported versions"): the oldest torch/jax the package claims and
-# the newest this machine can install, each in its own build/venv-versions-<i> with the course's wheel;
-# library tests and lecture notebooks as in `make test`. Not part of `make test` or CI (README: how long).
-VERSION_SETS ?= "torch==2.13.0 jax[cpu]==0.8.2 jaxlib==0.8.2" "torch==2.14.1 jax[cpu]==0.10.2"
+# The supported-versions matrix (README "Supported versions"): Google Colab's stock image (its Python and
+# the pins of course_lib.colab.COLAB_IMAGE, with the [test] extra only, so ipywidgets stays 7.7.1) and the
+# newest releases this machine installs, each in its own build/venv-versions-<name> with the course's
+# wheel; library tests and lecture notebooks as in `make test`. Not part of `make test` or CI (README:
+# how long). COLAB_PYTHON / NEWEST_PYTHON name the interpreters (pyenv: PYENV_VERSION=3.13.0 python3.13).
+COLAB_PYTHON  ?= python3.13
+NEWEST_PYTHON ?= $(PYTHON)
+NEWEST_SET    ?= torch==2.14.1 jax[cpu]==0.10.2
 test-versions: wheel
-	@i=0; for set in $(VERSION_SETS); do i=$$((i+1)); v=build/venv-versions-$$i; \
-	  echo "== test-versions $$i: $$set ($$v)"; \
-	  test -x $$v/bin/python || $(PYTHON) -m venv $$v || exit 1; \
-	  $$v/bin/python -m pip install --quiet $$set || exit 1; \
-	  $$v/bin/python -m pip install --quiet "$$(ls $(WHEEL_DIR)/*.whl)[lab,test]" $$set || exit 1; \
-	  $$v/bin/python -m pip install --quiet --force-reinstall --no-deps $(WHEEL_DIR)/*.whl || exit 1; \
-	  $$v/bin/python -P -c "import torch, jax; print('torch', torch.__version__, '| jax', jax.__version__)"; \
-	  rm -rf $$v-run && mkdir -p $$v-run/notebooks && cp notebooks/*.ipynb $$v-run/notebooks/; \
-	  (cd $$v-run && $(abspath .)/$$v/bin/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
-	      $(CURDIR)/tests notebooks) || exit 1; \
-	done
+	WHEEL="$$(ls $(abspath $(WHEEL_DIR))/*.whl)" PYTEST_ARGS="$(PYTEST_FLAGS) $(NBVAL_FLAGS)" REPO=$(CURDIR) \
+	    sh tools/test-versions colab "$(COLAB_PYTHON)" "$$($(PYTHON) course_lib/colab.py pins | tail -n +2)" test --colab
+	WHEEL="$$(ls $(abspath $(WHEEL_DIR))/*.whl)" PYTEST_ARGS="$(PYTEST_FLAGS) $(NBVAL_FLAGS)" REPO=$(CURDIR) \
+	    sh tools/test-versions newest "$(NEWEST_PYTHON)" "$(NEWEST_SET)" lab,test
 
 # Quicker loops while developing, in .venv with the editable install.
 test-lib: $(STAMP)

@@ -140,7 +140,10 @@ def _functions_of_class(cls: type) -> list[types.FunctionType]:
                 out += [f for f in (value.fget, value.fset, value.fdel) if isinstance(f, types.FunctionType)]
             elif isinstance(value, types.FunctionType):
                 out.append(value)
-    return out
+    # Only the class's own functions: a class attribute can be a function shared by every class of
+    # its kind (Python 3.13 makes ``dataclasses._replace`` every dataclass's ``__replace__``), and
+    # disabling it would break ``dataclasses.replace`` everywhere.
+    return [f for f in out if f.__module__ == cls.__module__]
 
 
 def _resolve(name: str) -> tuple[Any, Any, str]:
