@@ -21,7 +21,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 LAB_ROOT  ?= .
 LAB_FLAGS ?=
 
-.PHONY: lab lab-serve test test-versions test-lib test-notebooks wheel exercises colab-sync bench clean
+.PHONY: lab lab-serve test test-versions test-gpu test-lib test-notebooks wheel exercises colab-sync bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,60 @@ colab-sync: $(STAMP)
 # From-scratch vs production, printed ratios from one run (not part of `make test`).
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# make test-gpu: the one GPU check, on a machine with at least one CUDA GPU (README: "Instructors"). It runs in
+# the current Python, $(PYTHON), with no venv (the GPU image's own CUDA torch and jax), the course imported
+# from this source tree, and stops at the first failing step; every step prints its wall time:
+#   GPUs and environment   nvidia-smi -L; torch sees CUDA; nbval, ipykernel, ipywidgets, cloudpickle import
+#   library                tests/test_gpu.py (-m gpu): every technique under NCCL on cuda at world size 1, and
+#                          on 2 and 4 GPUs where there are that many (skipped with the reason otherwise)
+#   demos                  torchrun --standalone --nproc_per_node=1 (as $(PYTHON) -m torch.distributed.run, so
+#                          this Python's torch): hello, selftest, hybrid --check, frontier --check, resilient
+#   notebooks              every lecture notebook under nbval, copied into an empty folder as in `make test`
+#                          (the Colab GPU case), $(GPU_JOBS) at a time where pytest-xdist is installed
+#   benchmark              benchmarks/bench_gpu.py: MFU and memory, figures in $(GPU_RUN)/bench_gpu.json
+# An image without nbval, ipykernel or ipywidgets: `make test-gpu WHEELS=.whl` installs that folder's wheels
+# (tools/gpu-wheels downloads them where pip can reach PyPI) into $(GPU_SITE) first, offline and --no-deps.
+# Sized to finish within 8 minutes on one H200; the whole run is stopped after GPU_TIMEOUT seconds.
+GPU_RUN     = build/gpu
+GPU_SITE   ?= /tmp/course-gpu-site
+GPU_TIMEOUT ?= 900
+GPU_JOBS    ?= 4
+WHEELS      ?=
+TORCHRUN    = $(PYTHON) -m torch.distributed.run --standalone --nproc_per_node=1
+test-gpu:
+	@start=$$(date +%s); deadline=$$((start + $(GPU_TIMEOUT))); \
+	step() { name=$$1; shift; t0=$$(date +%s); left=$$((deadline - t0)); \
+	  echo "== test-gpu: $$name: $$(printf '%s' "$$*" | head -n 1)"; \
+	  if [ $$left -le 0 ]; then rc=124; else timeout -k 10 $$left "$$@"; rc=$$?; fi; \
+	  dt=$$(( $$(date +%s) - t0 )); \
+	  if [ $$rc -eq 124 ] || [ $$rc -eq 137 ]; then \
+	    echo "== test-gpu: $$name: TIMED OUT after $$dt s (the whole run may take GPU_TIMEOUT=$(GPU_TIMEOUT) s)"; exit 1; fi; \
+	  if [ $$rc -ne 0 ]; then echo "== test-gpu: $$name: FAILED (exit $$rc) after $$dt s"; exit 1; fi; \
+	  echo "== test-gpu: $$name: ok in $$dt s"; }; \
+	rm -rf $(GPU_RUN) && mkdir -p $(GPU_RUN)/notebooks && cp notebooks/*.ipynb $(GPU_RUN)/notebooks/ || exit 1; \
+	$(if $(WHEELS),step wheels sh -c 'rm -rf $(GPU_SITE) && $(PYTHON) -m pip install -q --no-index --no-deps \
+	    --no-compile --target $(GPU_SITE) $(abspath $(WHEELS))/*.whl';) \
+	export PYTHONPATH="$(CURDIR)$(if $(WHEELS),:$(GPU_SITE))$${PYTHONPATH:+:$$PYTHONPATH}"; \
+	step GPUs nvidia-smi -L; \
+	step environment $(PYTHON) -c 'import sys, importlib.util as u, torch, jax; \
+	    print("python", sys.version.split()[0], "| torch", torch.__version__, "| jax", jax.__version__, \
+	          "| CUDA GPUs", torch.cuda.device_count()); \
+	    missing = [m for m in ("nbval", "ipykernel", "ipywidgets", "cloudpickle") if u.find_spec(m) is None]; \
+	    sys.exit("torch sees no CUDA GPU" if not torch.cuda.is_available() else \
+	             "missing: " + ", ".join(missing) + " (download wheels with sh tools/gpu-wheels, then make test-gpu WHEELS=.whl)" \
+	             if missing else 0)'; \
+	step library $(PYTHON) -m pytest -q -m gpu tests/test_gpu.py; \
+	step "demo hello" $(TORCHRUN) -m course_lib.demos.hello; \
+	step "demo selftest" $(TORCHRUN) -m course_lib.demos.selftest; \
+	step "demo hybrid" $(TORCHRUN) -m course_lib.demos.hybrid --check; \
+	step "demo frontier" $(TORCHRUN) -m course_lib.demos.frontier --check; \
+	step "demo resilient" $(TORCHRUN) -m course_lib.demos.resilient --dir $(GPU_RUN)/resilient --steps 10 --every 5; \
+	xdist=$$($(PYTHON) -c 'import xdist' 2>/dev/null && echo "-n $(GPU_JOBS) --dist loadfile"); \
+	(cd $(GPU_RUN) && step notebooks $(PYTHON) -m pytest -q -p course_lib.grading.nbval_plugin $(NBVAL_FLAGS) \
+	    $$xdist notebooks) || exit 1; \
+	step benchmark $(PYTHON) benchmarks/bench_gpu.py --json $(GPU_RUN)/bench_gpu.json; \
+	echo "== test-gpu: every step passed in $$(( $$(date +%s) - start )) s"
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -4,7 +4,8 @@ They are small on purpose: every notebook must run on a 2-core laptop CPU. They 
 mechanism; a parameter cell in each notebook scales them up for GPU demos.
 
 * ``TinyMLP``       -- a stack of Linear+GELU layers (data parallel, mixed precision, accumulation).
-* ``TinyGPT``       -- a nanoGPT-style decoder-only transformer (``n_layer``, ``n_head``, ``n_embd``).
+* ``TinyGPT``       -- a nanoGPT-style decoder-only transformer (``n_layer``, ``n_head``, ``n_embd``);
+  ``attention="sdpa"`` swaps the written-out attention for PyTorch's fused kernel (:data:`ATTENTION`).
 * ``make_regression`` / ``make_tokens`` -- seeded synthetic data.
 * ``SleepLayer``    -- *emulated* compute for timing experiments (notebook 08): it sleeps a set time
   forward and backward, so a pipeline's timeline does not depend on how many CPU cores are free.
@@ -60,14 +61,31 @@ def make_regression(n: int = 256, d_in: int = 16, d_out: int = 1, seed: int = 0,
     return X, y
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention: one fused QKV projection, one output projection."""
+#: How :class:`CausalSelfAttention` computes ``softmax(Q K^T / sqrt(head_dim) + causal mask) V``:
+#: ``"course"`` writes it out, ``"sdpa"`` calls ``F.scaled_dot_product_attention`` (same maths).
+ATTENTION = ("course", "sdpa")
 
-    def __init__(self, n_embd: int, n_head: int):
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one fused QKV projection, one output projection.
+
+    ``attention`` chooses how the heads are computed; the parameters and the function are the same:
+
+    * ``"course"`` (default): written out, the way the notebooks count its FLOPs and bytes: the
+      ``(B, n_head, T, T)`` score matrix is materialised, masked, soft-maxed and saved for the backward;
+    * ``"sdpa"``: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``, PyTorch's fused kernel
+      (FlashAttention or memory-efficient attention on a GPU), which never stores the score matrix.
+      ``benchmarks/bench_gpu.py`` measures the difference in MFU and memory.
+    """
+
+    def __init__(self, n_embd: int, n_head: int, attention: str = "course"):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
-        self.n_head = n_head
+        if attention not in ATTENTION:
+            raise ValueError(f"attention={attention!r} is not one of {ATTENTION}: 'course' writes the "
+                             f"softmax out, 'sdpa' calls F.scaled_dot_product_attention")
+        self.n_head, self.attention = n_head, attention
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
 
@@ -76,21 +94,25 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, n_head, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, n_head, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = att @ v  # (B, n_head, T, head_dim)
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, n_head, T, head_dim)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, n_head, T, T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v  # (B, n_head, T, head_dim)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) with a 4x MLP."""
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) with a 4x MLP.
+    ``attention``: see :class:`CausalSelfAttention`."""
 
-    def __init__(self, n_embd: int, n_head: int):
+    def __init__(self, n_embd: int, n_head: int, attention: str = "course"):
         super().__init__()
         self.ln1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head)
+        self.attn = CausalSelfAttention(n_embd, n_head, attention)
         self.ln2 = nn.LayerNorm(n_embd)
         self.fc = nn.Linear(n_embd, 4 * n_embd)
         self.fc_proj = nn.Linear(4 * n_embd, n_embd)
@@ -104,16 +126,17 @@ class TinyGPT(nn.Module):
     """A decoder-only transformer in the style of nanoGPT (Radford et al. 2019, GPT-2).
 
     Shapes: token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``. The LM head is tied to the
-    token embedding, as in GPT-2.
+    token embedding, as in GPT-2. ``attention``: ``"course"`` (default) or ``"sdpa"``, see
+    :class:`CausalSelfAttention`; GPT-2 small is ``TinyGPT(50257, 1024, 12, 12, 768)``.
     """
 
     def __init__(self, vocab_size: int = 64, block_size: int = 32, n_layer: int = 2,
-                 n_head: int = 2, n_embd: int = 32):
+                 n_head: int = 2, n_embd: int = 32, attention: str = "course"):
         super().__init__()
         self.block_size = block_size
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, attention) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
