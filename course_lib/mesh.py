@@ -537,10 +537,7 @@ class HybridGPT:
         return out["loss"]
 
     def _all_reduce(self, t: torch.Tensor, group) -> None:
-        if self.builtin:
-            dist.all_reduce(t, group=group)
-        else:
-            collectives.ring_all_reduce(t, group=group)
+        collectives.all_reduce(t, group=group, builtin=self.builtin)
 
     def __repr__(self) -> str:
         c = self.pmesh.coords

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib import trace
+from course_lib import collectives, trace
 
 __all__ = [
     "Routing", "route", "tokens_per_expert", "load_balancing_loss", "router_z_loss", "expert_capacity", "dispatch_positions",
@@ -234,15 +234,10 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _all_to_all(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tensor:
-    from course_lib import collectives
     x = x.contiguous()
     out = torch.empty_like(x)
     with trace.span("comm", name):
-        if builtin:
-            dist.all_to_all_single(out, x, group=group)
-        else:
-            n = dist.get_world_size(group)
-            collectives.all_to_all(list(out.chunk(n)), list(x.chunk(n)), group=group)
+        collectives.all_to_all_single(out, x, group=group, builtin=builtin)
     return out
 
 

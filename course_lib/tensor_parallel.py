@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib import collectives, compat, trace
+from course_lib import collectives, trace
 
 __all__ = [
     "shard_range",
@@ -107,10 +107,7 @@ def _all_reduce(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tenso
     if dist.get_world_size(group) == 1:
         return x
     with trace.span("all-reduce", name):
-        if builtin:
-            dist.all_reduce(x, group=group)
-        else:
-            collectives.ring_all_reduce(x, group=group)
+        collectives.all_reduce(x, group=group, builtin=builtin)
     return x
 
 
@@ -122,10 +119,7 @@ def _all_gather(x: torch.Tensor, dim: int, group, builtin: bool, name: str) -> t
     x = x.movedim(dim, 0).contiguous()                      # (chunk, ...) with the split dim first
     out = torch.empty((t * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("all-gather", name):
-        if builtin:
-            compat.all_gather_single(out, x, group=group)
-        else:
-            collectives.ring_all_gather(out, x, group=group)
+        collectives.all_gather_single(out, x, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()                 # back to the caller's layout
 
 
@@ -138,10 +132,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     full = x.movedim(dim, 0).contiguous()                   # (n, ...): rank r's rows are one block
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("reduce-scatter", name):
-        if builtin:
-            compat.reduce_scatter_single(out, full, group=group)
-        else:
-            collectives.ring_reduce_scatter(out, full, group=group)
+        collectives.reduce_scatter_single(out, full, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()
 
 
