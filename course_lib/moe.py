@@ -83,8 +83,10 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: 
     if k > E:
         raise ValueError(f"top_k={k} but there are only {E} experts; choose top_k <= {E}")
     logits = x @ gate_weight.t()                                         # (T, E)
-    if noise_std > 0:
-        logits = logits + noise_std * torch.randn(logits.shape, generator=generator, dtype=logits.dtype).to(logits.device)
+    if noise_std > 0:   # drawn where the generator lives (a CPU generator: the same noise on every device)
+        where = generator.device if generator is not None else logits.device
+        noise = torch.randn(logits.shape, generator=generator, dtype=logits.dtype, device=where)
+        logits = logits + noise_std * noise.to(logits.device)
     probs = logits.softmax(dim=-1)
     top_p, top_i = probs.topk(k, dim=-1)                                 # (T, k) each, best first
     if normalize:

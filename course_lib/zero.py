@@ -448,9 +448,9 @@ class ZeRO(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def _adam_state(self, u: _Unit) -> dict:
         state = self.optimizer.state.get(u.master, {})
-        if not state:   # before the first step: what Adam starts from
+        if not state:   # before the first step: what Adam starts from (its step count on the CPU, as Adam's)
             return {"exp_avg": torch.zeros_like(u.master), "exp_avg_sq": torch.zeros_like(u.master),
-                    "step": torch.tensor(0.0)}
+                    "step": torch.tensor(0.0, device="cpu")}
         return state
 
     @torch.no_grad()
@@ -506,7 +506,7 @@ class ZeRO(nn.Module):
             u.master.data.copy_(values["master"])
             if self.mixed or self.stage == 3:
                 u.shard.copy_(u.master)
-            self.optimizer.state[u.master] = {"step": torch.tensor(float(step)),
+            self.optimizer.state[u.master] = {"step": torch.tensor(float(step), device="cpu"),   # as Adam keeps it
                                               "exp_avg": values["exp_avg"],
                                               "exp_avg_sq": values["exp_avg_sq"]}
         if self.stage in (1, 2):   # stage 0's slice is the full buffer; stage 3 gathers at forward
