@@ -50,9 +50,10 @@ transfer (one ring step, one message to or from the root, ...) is recorded with 
 Deadlock avoidance. In every step a rank posts its ``irecv`` and ``isend`` together and only then
 waits on both: if every rank first did a blocking ``send``, all ranks could block waiting for a
 receiver (a cycle), which is legal MPI-style behaviour for large messages. "Together" means one
-``dist.batch_isend_irecv`` (:meth:`_Group.exchange`): NCCL runs a rank's point-to-point operations
-one after another on one stream, so a receive and a send posted separately could each wait for the
-other; in one batch they progress at once (as in ``torch.distributed.pipelining`` and Megatron-LM).
+``dist.batch_isend_irecv`` (:meth:`_Group.exchange`, which the pipeline runner posts through too):
+NCCL runs a rank's point-to-point operations one after another on one stream, so a receive and a
+send posted separately could each wait for the other; in one batch they progress at once (as in
+``torch.distributed.pipelining`` and Megatron-LM).
 
 Matching. No tags: NCCL ignores them. Between two ranks, messages are matched in the order they were
 posted, and every function here posts them in the same order on the sending and the receiving side.
@@ -69,7 +70,6 @@ from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-
 from torch.distributed import distributed_c10d as _c10d
 
 from course_lib import compat, trace

@@ -118,9 +118,9 @@ def set_rng_state(state: dict) -> None:
     if "cuda" in state and torch.cuda.is_available():
         n = torch.cuda.device_count()
         if len(state["cuda"]) != n:
-            raise CheckpointError(f"the checkpoint holds the RNG states of {len(state['cuda'])} CUDA device(s) "
-                                  f"but this process sees {n}; resume with the same GPUs visible "
-                                  "(CUDA_VISIBLE_DEVICES) as the run that saved it")
+            raise CheckpointError(f"the checkpoint holds the RNG states of {len(state['cuda'])} CUDA "
+                                  f"device(s) but this process sees {n}; resume with the same GPUs "
+                                  "visible (CUDA_VISIBLE_DEVICES) as the run that saved it")
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])

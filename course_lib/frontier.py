@@ -204,8 +204,8 @@ class FrontierGPT(HybridGPT):
 
 def _mean_loss(loss: float | None, h: FrontierGPT) -> float:
     """The global batch's mean loss on every rank: the last stage's tp-rank-0 ranks hold one replica each."""
-    t = torch.tensor([loss if (loss is not None and h.pmesh.local_rank("tp") == 0) else 0.0], dtype=torch.float64,
-                     device=comm_device())
+    mine = loss if (loss is not None and h.pmesh.local_rank("tp") == 0) else 0.0
+    t = torch.tensor([mine], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t)
     return float(t) / h.dp
 

@@ -264,9 +264,9 @@ class CommMeter:
     ``CommMeter({"tp": tp_group, "pp": pp_group, ...})`` (or ``CommMeter(process_mesh)``, which uses
     its axes). While the ``with`` block runs, ``torch.distributed``'s point-to-point calls
     (``isend``/``irecv``/``send``/``recv``, and each operation of a ``batch_isend_irecv``, the form
-    the course's collectives and pipeline runner post) and its collectives are wrapped: each call's payload is
-    added to the axis whose group it was given (``"other"`` for any other group, ``"world"`` for the
-    default one). The course's ring collectives, the pipeline runner and the tensor-parallel layers
+    the course's collectives and pipeline runner post) and its collectives are wrapped: each call's
+    payload is added to the axis whose group it was given (``"other"`` for any other group,
+    ``"world"`` for the default one). The course's ring collectives, the pipeline runner and the tensor-parallel layers
     (with ``builtin=False``) all communicate point to point, so for them ``sent``/``recv`` are the bytes
     that went onto the wire. A built-in collective's internal traffic is the backend's business: its
     payload goes to ``collective`` (counted, not claimed as wire bytes).

@@ -14,9 +14,10 @@ the parameters, computes a gradient on a mini-batch of its own data shard and pu
   "Scaling Distributed Machine Learning with the Parameter Server", OSDI).
 
 Every message is one flat tensor ``[version, payload...]`` of ``1 + P`` elements (P = number of
-parameters) in the parameters' dtype, on their device, so the server's traffic per update is easy to predict: it receives ``(1 + P) * 4``
-bytes and sends ``(1 + P) * 4`` bytes per gradient, i.e. ``2 * n_workers * (1 + P) * 4`` bytes per
-synchronous step -- linear in the number of workers, the bottleneck the parameter server is known for.
+parameters) in the parameters' dtype and on their device, so the server's traffic per update is easy
+to predict: with float32 parameters it receives ``(1 + P) * 4`` bytes and sends ``(1 + P) * 4`` bytes
+per gradient, i.e. ``2 * n_workers * (1 + P) * 4`` bytes per synchronous step -- linear in the number
+of workers, the bottleneck the parameter server is known for.
 """
 
 from __future__ import annotations

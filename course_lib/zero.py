@@ -506,8 +506,8 @@ class ZeRO(nn.Module):
             u.master.data.copy_(values["master"])
             if self.mixed or self.stage == 3:
                 u.shard.copy_(u.master)
-            self.optimizer.state[u.master] = {"step": torch.tensor(float(step), device="cpu"),   # as Adam keeps it
-                                              "exp_avg": values["exp_avg"],
+            step_count = torch.tensor(float(step), device="cpu")   # where torch.optim.Adam keeps it
+            self.optimizer.state[u.master] = {"step": step_count, "exp_avg": values["exp_avg"],
                                               "exp_avg_sq": values["exp_avg_sq"]}
         if self.stage in (1, 2):   # stage 0's slice is the full buffer; stage 3 gathers at forward
             for fut in [self._submit(self._all_gather, u) for u in self.units]:
