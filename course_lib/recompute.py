@@ -143,7 +143,8 @@ class _Frame:
         self.is_tensor = [isinstance(a, torch.Tensor) for a in args]
         self.others = [None if t else a for a, t in zip(args, self.is_tensor)]
         self.flags = [a.requires_grad if t else False for a, t in zip(args, self.is_tensor)]
-        dummy = torch.empty(0, requires_grad=True)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)  # the inputs' device
+        dummy = torch.empty(0, requires_grad=True, device=device)
         self.saver = _SaveInputs.apply(dummy, *[a for a in args if isinstance(a, torch.Tensor)])
         self.devices = _rng_devices(args)
         self.rng = _get_rng(self.devices) if preserve_rng_state else None
