@@ -5,7 +5,7 @@ several CPU devices. Sections:
 
 * Collectives (notebook 03): a ring all-reduce written with ``jax.lax.ppermute`` (one neighbour
   exchange per step) inside ``shard_map``, equal to ``jax.lax.psum``.
-* Mixture of experts (notebook 10): the source's exercise 3 (:func:`moe_layer`) and the same layer
+* Mixture of experts (notebook 10): the classic MoE-layer exercise (:func:`moe_layer`) and the same layer
   expert-parallel with ``jax.lax.all_to_all`` (:func:`expert_parallel_moe`).
 
 Other notebooks add their sections below, each with its own header.
@@ -117,18 +117,18 @@ def count_hlo_ops(fn, *args, ops=("collective-permute", "all-reduce")) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
-# Mixture of experts (notebook 10): the source's exercise 3, then expert parallelism
+# Mixture of experts (notebook 10): the classic MoE-layer exercise, then expert parallelism
 # ------------------------------------------------------------------------------------------
 def expert_fn(x, W1, b1, W2, b2):
-    """The source's expert: a two-layer ReLU FFN, ``relu(x W1 + b1) W2 + b2``."""
+    """One expert: a two-layer ReLU FFN, ``relu(x W1 + b1) W2 + b2``."""
     return jnp.maximum(0, x @ W1 + b1) @ W2 + b2
 
 
 def moe_layer(x, gate_W, experts_params, top_k=2):
-    """The source's exercise 3, completed: ``x`` ``(T, d)``, ``gate_W`` ``(d, E)``, ``experts_params`` a list
+    """The classic MoE-layer exercise, completed: ``x`` ``(T, d)``, ``gate_W`` ``(d, E)``, ``experts_params`` a list
     of ``(W1, b1, W2, b2)``. Softmax router, top-k, the k probabilities renormalised, the chosen
     experts' outputs weighted and summed. Every expert runs on every token and a mask keeps the chosen
-    ones (the source's simplification: E times the FLOPs of a real MoE, fine at this size).
+    ones (a common teaching simplification: E times the FLOPs of a real MoE, fine at this size).
     Returns ``(output (T, d), gate_probs (T, E))``."""
     probs = jax.nn.softmax(x @ gate_W, axis=-1)                           # (T, E)
     top_p, top_i = jax.lax.top_k(probs, top_k)                           # (T, k), best first
