@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -425,13 +426,18 @@ COURSE_TIMEOUT = 300
 @pytest.fixture(scope="session")
 def course_grades():
     """Every solution and its generated exercise, graded once per session."""
-    paths = [*SOLUTIONS, *(REPO / "exercises" / p.name for p in SOLUTIONS)]
+    # COURSE_NOTEBOOKS=06,07 grades only those notebooks (the others' tests skip); unset: all
+    only = [n.strip() for n in os.environ.get("COURSE_NOTEBOOKS", "").split(",") if n.strip()]
+    chosen = [p for p in SOLUTIONS if not only or any(p.stem.startswith(n) for n in only)]
+    paths = [*chosen, *(REPO / "exercises" / p.name for p in chosen)]
     reports = grade(paths, REPO / "solutions", timeout=COURSE_TIMEOUT, jobs=2)
     return {(Path(r.submission).parent.name, Path(r.submission).stem): r for r in reports}
 
 
 @pytest.mark.parametrize("name", [p.stem for p in SOLUTIONS])
 def test_course_solution_scores_full_marks(course_grades, name):
+    if ("solutions", name) not in course_grades:
+        pytest.skip(f"{name} not in COURSE_NOTEBOOKS")
     r = course_grades[("solutions", name)]
     assert r.error is None, r.error
     bad = [(e.grade_id, e.status, e.message) for e in r.exercises if e.status != "pass"]
@@ -444,6 +450,8 @@ def test_course_exercise_scores_zero_on_every_graded_cell(course_grades, name):
     """Strict: every check cell ran and failed (not timed out, not skipped by a dead kernel)."""
     assert (REPO / "exercises" / f"{name}.ipynb").is_file(), \
         f"exercises/{name}.ipynb is missing: run `python -m course_lib.grading build`"
+    if ("exercises", name) not in course_grades:
+        pytest.skip(f"{name} not in COURSE_NOTEBOOKS")
     r = course_grades[("exercises", name)]
     assert r.error is None, r.error
     assert r.exercises and r.max_total > 0
