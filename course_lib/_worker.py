@@ -7,6 +7,9 @@ Started by :class:`course_lib.launch.Cluster`. It talks to the caller over two i
 * the *result* pipe (rank -> caller): ``("ready",)`` / ``("init_error", traceback)`` once, then
   ``("result", id, ok, data)`` per task, ``data`` being the pickled return value or a traceback.
 
+Under NCCL the rank runs on GPU ``rank``, which is also its default device, and the tensors of its
+return values travel as CPU tensors (:func:`_dumps`).
+
 stdout and stderr go to one pipe that the caller reads and prefixes with ``[rank r]``. After each
 task the rank prints a sentinel line so the caller knows it has seen all of that task's output.
 """
@@ -21,6 +24,31 @@ import traceback
 from multiprocessing.connection import Connection
 
 SENTINEL = "\x1e__course_lib_task_done__"
+
+
+def _dumps(value, to_cpu: bool) -> bytes:
+    """``value`` cloudpickled for the caller; with ``to_cpu`` every tensor in it travels as a CPU tensor
+    (a rank's CUDA tensor would be rebuilt on the caller's GPU, starting CUDA in the notebook's process).
+    Types (``nn.Parameter``), ``requires_grad`` and the nesting are kept; every tensor arrives as a
+    leaf, as plain pickling delivers it."""
+    import cloudpickle
+
+    if not to_cpu:
+        return cloudpickle.dumps(value)
+    import io
+
+    import torch
+
+    class _OnCPU(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if type(obj) is torch.Tensor:
+                # a parameter's data is a plain tensor too, so parameters come here through their data
+                return obj.detach().cpu().requires_grad_(obj.requires_grad).__reduce_ex__(self.proto)
+            return super().reducer_override(obj)
+
+    buf = io.BytesIO()
+    _OnCPU(buf).dump(value)
+    return buf.getvalue()
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -54,7 +82,10 @@ def main() -> None:
         torch.set_num_threads(int(env.get("COURSE_THREADS", "1")))
         backend = env["COURSE_BACKEND"]
         if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            # GPU `rank` is this rank's device and its default device: rank functions written for the
+            # CPU create their tensors there unchanged (launch.Cluster's docstring).
+            torch.cuda.set_device(rank)
+            torch.set_default_device(torch.device("cuda", rank))
         timeout = timedelta(seconds=float(env["COURSE_PG_TIMEOUT"]))
         store = dist.TCPStore(env["COURSE_STORE_HOST"], int(env["COURSE_STORE_PORT"]),
                               world_size, False, timeout=timeout)
@@ -77,7 +108,7 @@ def main() -> None:
             fn, args, kwargs = cloudpickle.loads(payload)
             value = fn(rank, world_size, *args, **kwargs)
             try:
-                data = cloudpickle.dumps(value)
+                data = _dumps(value, to_cpu=backend == "nccl")
                 ok = True
             except Exception as exc:  # noqa: BLE001 - report any pickling failure to the caller
                 data = (f"the return value of rank {rank} could not be pickled "

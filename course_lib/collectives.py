@@ -18,6 +18,12 @@ function                          algorithm                              product
 ``all_to_all``                    N-1 pairwise exchange steps            ``dist.all_to_all``
 ================================  =====================================  ============================
 
+One place chooses between the course's collective and torch's own (``builtin=True``), for every module
+that offers the choice (ZeRO, tensor parallelism, mixture of experts, the hybrid mesh):
+:func:`all_reduce`, :func:`all_gather_single`, :func:`reduce_scatter_single` and
+:func:`all_to_all_single`, with the semantics of the ``torch.distributed`` function of the same name
+(torch >= 2.13 names; :mod:`course_lib.compat` calls the older ones where needed).
+
 Conventions (as in ``torch.distributed``): every rank of ``group`` calls the function with tensors
 of the same shape and dtype; results are written **in place** into the tensors passed (the
 functions also return them, for convenience); ``group=None`` means the default (world) group and
@@ -43,7 +49,17 @@ transfer (one ring step, one message to or from the root, ...) is recorded with 
 
 Deadlock avoidance. In every step a rank posts its ``irecv`` and ``isend`` together and only then
 waits on both: if every rank first did a blocking ``send``, all ranks could block waiting for a
-receiver (a cycle), which is legal MPI-style behaviour for large messages.
+receiver (a cycle), which is legal MPI-style behaviour for large messages. "Together" means one
+``dist.batch_isend_irecv`` (:meth:`_Group.exchange`, which the pipeline runner posts through too):
+NCCL runs a rank's point-to-point operations one after another on one stream, so a receive and a
+send posted separately could each wait for the other; in one batch they progress at once (as in
+``torch.distributed.pipelining`` and Megatron-LM).
+
+Matching. No tags: NCCL ignores them. Between two ranks, messages are matched in the order they were
+posted, and every function here posts them in the same order on the sending and the receiving side.
+
+Devices. Every buffer is allocated on the device of the tensors it serves (CUDA tensors under NCCL,
+CPU tensors under gloo); one exchange refuses tensors on two devices, and CPU tensors under NCCL.
 """
 
 from __future__ import annotations
@@ -54,8 +70,9 @@ from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
-from course_lib import trace
+from course_lib import compat, trace
 
 __all__ = [
     "chunk_bounds",
@@ -68,6 +85,11 @@ __all__ = [
     "ring_all_reduce_bytes",
     "naive_all_reduce_bytes",
     "free_scratch",
+    "comm_device",
+    "all_reduce",
+    "all_gather_single",
+    "reduce_scatter_single",
+    "all_to_all_single",
 ]
 
 # A hook called after each ring step: hook(phase, step, flat_buffer). The notebook uses it to
@@ -129,7 +151,7 @@ def _check_tensor(t, what: str = "tensor") -> None:
                         + ", ".join(str(d) for d in _SUPPORTED_DTYPES))
 
 
-def _check_list(ts, n: int, what: str, dtype=None) -> None:
+def _check_list(ts, n: int, what: str, dtype=None, device=None) -> None:
     if not isinstance(ts, (list, tuple)):
         raise TypeError(f"{what} must be a list of tensors, got {type(ts).__name__}")
     if len(ts) != n:
@@ -140,10 +162,28 @@ def _check_list(ts, n: int, what: str, dtype=None) -> None:
         if dtype is not None and t.dtype != dtype:
             raise TypeError(f"{what}[{i}] has dtype {t.dtype} but the other tensors have {dtype}; "
                             "use one dtype for all tensors of a collective")
+        _check_device(t, device, f"{what}[{i}]")
+
+
+def _check_device(t: torch.Tensor, device, what: str) -> None:
+    if device is not None and t.device != device:
+        raise ValueError(f"{what} is on {t.device} but the other tensors of the collective are on "
+                         f"{device}; put every tensor of a collective on one device (the rank's GPU "
+                         "under NCCL, the CPU under gloo)")
+
+
+def comm_device(group=None) -> torch.device:
+    """The device whose tensors ``group``'s backend sends: the current CUDA device under NCCL (which
+    sends GPU tensors only), the CPU otherwise. For the few tensors that follow no other tensor (a loss
+    to average, a timing to compare); every other buffer takes the device of the tensors it serves."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class _Group:
-    """This rank's view of a process group: its rank, the size, and group rank -> global rank."""
+    """This rank's view of a process group: its rank, the size, group rank -> global rank, and the one
+    place that posts point-to-point messages (:meth:`exchange`)."""
 
     def __init__(self, group, transport=None) -> None:
         if not dist.is_initialized():
@@ -162,6 +202,7 @@ class _Group:
             raise ValueError("this process is not a member of the given process group; only "
                              "members may call a collective on it")
         self.size = dist.get_world_size(group)
+        self.backend = dist.get_backend(group)
         if group is None or group is dist.GroupMember.WORLD:
             self.global_ranks = list(range(self.size))
         else:
@@ -173,11 +214,51 @@ class _Group:
     def left(self) -> int:   # the ring neighbour we receive from
         return (self.rank - 1) % self.size
 
-    def isend(self, t: torch.Tensor, dst: int, tag: int = 0):
-        return self.transport.isend(t, self.global_ranks[dst], group=self.group, tag=tag)
+    def exchange(self, sends=(), recvs=()) -> "_Posted":
+        """Post ``sends`` and ``recvs`` (each ``[(tensor, group rank)]``) as one paired exchange and
+        return its handle: ``.wait()`` returns once all of them have completed. Empty tensors are
+        skipped.
 
-    def irecv(self, t: torch.Tensor, src: int, tag: int = 0):
-        return self.transport.irecv(t, self.global_ranks[src], group=self.group, tag=tag)
+        With ``torch.distributed`` (or a transport with its own ``batch_isend_irecv``) they are one
+        ``batch_isend_irecv`` of ``P2POp`` s, the form NCCL needs (see the module docstring); a
+        transport with only ``isend``/``irecv`` gets the receives posted first, then the sends, which
+        is enough on gloo. No tags: between two ranks, messages match in the order they are posted.
+        """
+        ops = [(t, peer, False) for t, peer in recvs if t.numel() > 0]
+        ops += [(t, peer, True) for t, peer in sends if t.numel() > 0]
+        if not ops:
+            return _Posted([], [])
+        devices = sorted({str(t.device) for t, _, _ in ops})
+        if len(devices) > 1:
+            raise ValueError(f"one exchange holds tensors on {devices}: allocate every buffer on the device "
+                             "of the tensors it serves, so that a collective's messages share one device")
+        if self.backend == "nccl" and ops[0][0].device.type != "cuda":
+            raise ValueError(f"NCCL sends CUDA tensors only, got a tensor on {devices[0]}; create the "
+                             "collective's tensors on this rank's GPU (course_lib.launch.device())")
+        batch = getattr(self.transport, "batch_isend_irecv", None)
+        if batch is not None:
+            # P2POp accepts only torch's own isend/irecv objects (not wrappers such as CommMeter's),
+            # which distributed_c10d always holds
+            works = batch([dist.P2POp(_c10d.isend if is_send else _c10d.irecv, t, self.global_ranks[peer],
+                                      self.group) for t, peer, is_send in ops])
+        else:
+            works = [(self.transport.isend if is_send else self.transport.irecv)(
+                t, self.global_ranks[peer], group=self.group, tag=0) for t, peer, is_send in ops]
+        return _Posted(works, [t for t, _, _ in ops])
+
+
+class _Posted:
+    """The handle of one :meth:`_Group.exchange`. It keeps the tensors alive until :meth:`wait` (a
+    backend may still read or write them), and waits for all of its operations together (NCCL
+    reports one batch as one work)."""
+
+    def __init__(self, works, tensors) -> None:
+        self._works, self._tensors = works, tensors
+
+    def wait(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works, self._tensors = [], []
 
 
 # Receive buffers are reused between calls: a fresh multi-megabyte tensor costs a page fault per
@@ -187,14 +268,16 @@ class _Group:
 _SCRATCH = threading.local()
 
 
-def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A cached 1-D buffer of at least ``numel`` elements of ``dtype`` (contents undefined)."""
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A cached 1-D buffer of at least ``numel`` elements of ``dtype`` on ``device`` (the device of the
+    tensors it receives for: the rank's GPU under NCCL); contents undefined."""
     cache = getattr(_SCRATCH, "buffers", None)
     if cache is None:
         cache = _SCRATCH.buffers = {}
-    buf = cache.get(dtype)
+    key = (dtype, torch.device(device))
+    buf = cache.get(key)
     if buf is None or buf.numel() < numel:
-        buf = cache[dtype] = torch.empty(numel, dtype=dtype)
+        buf = cache[key] = torch.empty(numel, dtype=dtype, device=device)
     return buf[:numel]
 
 
@@ -208,19 +291,13 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _exchange(g: _Group, send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int,
-              name: str, rec, tag: int = 0, **extra) -> None:
+              name: str, rec, **extra) -> None:
     """Send ``send`` to ``dst`` while receiving ``recv`` from ``src``; either may be None/empty.
 
-    Both operations are posted before waiting on either (see the module docstring on deadlock).
+    Both operations are posted as one exchange before waiting on either (see the module docstring).
     """
     start = time.perf_counter() if rec is not None else 0.0
-    works = []
-    if recv is not None and recv.numel() > 0:
-        works.append(g.irecv(recv, src, tag))
-    if send is not None and send.numel() > 0:
-        works.append(g.isend(send, dst, tag))
-    for w in works:
-        w.wait()
+    g.exchange([(send, dst)] if send is not None else [], [(recv, src)] if recv is not None else []).wait()
     if rec is not None:
         sent = _nbytes(send) if send is not None else 0
         got = _nbytes(recv) if recv is not None else 0
@@ -269,11 +346,11 @@ def naive_all_reduce(tensor: torch.Tensor, op="sum", group=None, root: int = 0, 
     if g.size > 1 and flat.numel() > 0:
         if g.rank == root:
             # Post all receives at once (the root's link is the bottleneck, not the posting).
-            scratch = _scratch((g.size - 1) * flat.numel(), flat.dtype)
+            scratch = _scratch((g.size - 1) * flat.numel(), flat.dtype, flat.device)
             others = [r for r in range(g.size) if r != root]
             bufs = {r: scratch[i * flat.numel():(i + 1) * flat.numel()] for i, r in enumerate(others)}
             start = time.perf_counter()
-            works = [(r, g.irecv(bufs[r], r)) for r in bufs]
+            works = [(r, g.exchange(recvs=[(bufs[r], r)])) for r in bufs]
             for r, w in works:
                 w.wait()
                 flat.add_(bufs[r])  # accumulate in the tensor's dtype, like the gloo reduction
@@ -316,7 +393,7 @@ def plain_ring_all_reduce(tensor: torch.Tensor, op="sum", group=None, *, transpo
     g = _Group(group, transport)
     N, r, flat, rec = g.size, g.rank, tensor.view(-1), trace.current()
     bounds = chunk_bounds(flat.numel(), N)
-    buf = _scratch(max(hi - lo for lo, hi in bounds), flat.dtype)
+    buf = _scratch(max(hi - lo for lo, hi in bounds), flat.dtype, flat.device)
     for t in range(2 * (N - 1)):
         s_lo, s_hi = bounds[(r - t - 1) % N]  # the chunk we pass on ...
         r_lo, r_hi = bounds[(r - t - 2) % N]  # ... and the one we get from the left
@@ -365,9 +442,14 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
 
     Pipelining: a chunk travels as pieces of about ``pipeline_bytes`` (one piece when 0). As soon
     as piece k of step t has arrived (and been added), it is sent on as piece k of step t+1, while
-    later pieces of step t are still in flight; the receives of step t+1 are posted before step t
-    is consumed, so a neighbour never waits for us to be ready. This overlaps the additions with
-    the transfers and keeps both links of every rank busy, as production rings do.
+    later pieces of step t are still in flight. This overlaps the additions with the transfers and
+    keeps both links of every rank busy, as production rings do.
+
+    Each (step, piece) is one exchange: the piece's send to the right and its receive from the left,
+    posted together (:meth:`_Group.exchange`). Every rank posts them in the same order, step by step
+    and piece by piece, so the messages between two neighbours match in order, without tags, and
+    under NCCL (one stream per rank) the exchange (t, k) of all ranks can always complete once every
+    earlier one has.
 
     ``finish(piece)`` is applied to each piece of the chunk completed by the last reducing step
     before it is sent on (the division of ``op="avg"``). ``hook(phase, step, flat)`` is called
@@ -389,45 +471,53 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
 
     # Two receive buffers: step t+1 receives into one while step t is consumed from the other.
     max_chunk = max(hi - lo for lo, hi in bounds)
-    scratch = _scratch(2 * max_chunk, flat.dtype)
+    scratch = _scratch(2 * max_chunk, flat.dtype, flat.device)
     bufs = [scratch[:max_chunk], scratch[max_chunk:]]
 
     def in_place(t):
         # A copying step may receive straight into ``flat`` (saving a copy of every byte) when
-        # nothing else touches that chunk meanwhile: the chunk received in step t is the one
-        # sent in step t+2, which is the chunk still being sent in step t (posted earlier) only
-        # when N = 2; and a step hook must not see the next step's data arrive early.
+        # nothing else touches that chunk meanwhile: with N = 2 the chunk received in step t is the
+        # one sent in step t-1, whose later pieces may still be in flight; and a step hook must not
+        # see the next step's data arrive early.
         return t >= n_reduce and N > 2 and hook is None
 
-    def post_recvs(t):
-        lo, buf = bounds[recv_chunk(t)][0], bufs[t % 2]
-        return [(a, b, dst, g.irecv(dst, g.left(), tag=t * _MAX_PIECES + k))
-                for k, (a, b) in enumerate(pieces(recv_chunk(t)))
-                for dst in [flat[a:b] if in_place(t) else buf[a - lo:b - lo]]]
+    def n_pieces(t):
+        return max(len(pieces(recv_chunk(t))), len(pieces(send_chunk(t))))
 
-    def post_send(t, k, a, b):
-        # A distinct tag per (step, piece) makes matching independent of how far ahead a fast
-        # neighbour runs; messages with equal tags (from different calls) are matched in order.
-        return g.isend(flat[a:b], g.right(), tag=t * _MAX_PIECES + k)
+    def post(t, k):
+        """Piece k of step t: its send to the right and its receive from the left, as one exchange.
+        Returns ``(a, b, buffer)`` of the receive (``None`` when there is none) and the handle."""
+        got, out = pieces(recv_chunk(t)), pieces(send_chunk(t))
+        recv = None
+        if k < len(got):
+            (a, b), lo = got[k], bounds[recv_chunk(t)][0]
+            recv = (a, b, flat[a:b] if in_place(t) else bufs[t % 2][a - lo:b - lo])
+        sends = [(flat[out[k][0]:out[k][1]], g.right())] if k < len(out) else []
+        return recv, g.exchange(sends, [(recv[2], g.left())] if recv is not None else [])
+
+    def post_recvs(t):
+        # every piece of step t at once: step 0 sends the caller's data, nothing to wait for
+        return [post(t, k) for k in range(n_pieces(t))]
 
     recvs = post_recvs(0)
-    sends = [post_send(0, k, a, b) for k, (a, b) in enumerate(pieces(send_chunk(0)))]
     for t in range(n_steps):
         start = time.perf_counter() if rec is not None else 0.0
-        next_recvs = post_recvs(t + 1) if t + 1 < n_steps else []
-        next_sends = []
-        for k, (a, b, buf, work) in enumerate(recvs):
+        more = t + 1 < n_steps
+        next_recvs = []
+        for k, (recv, work) in enumerate(recvs):
             work.wait()
-            if t < n_reduce:
-                flat[a:b].add_(buf)  # accumulate in the tensor's dtype, as gloo does
-                if t == n_reduce - 1 and finish is not None:
-                    finish(flat[a:b])
-            elif not in_place(t):
-                flat[a:b].copy_(buf)
-            if t + 1 < n_steps:  # forward this piece at once: it is what step t+1 sends
-                next_sends.append(post_send(t + 1, k, a, b))
-        for work in sends:
-            work.wait()
+            if recv is not None:
+                a, b, buf = recv
+                if t < n_reduce:
+                    flat[a:b].add_(buf)  # accumulate in the tensor's dtype, as gloo does
+                    if t == n_reduce - 1 and finish is not None:
+                        finish(flat[a:b])
+                elif not in_place(t):
+                    flat[a:b].copy_(buf)
+            if more and k < n_pieces(t + 1):  # forward this piece at once: it is what step t+1 sends
+                next_recvs.append(post(t + 1, k))
+        if more:  # pieces of step t+1 beyond step t's: receives only
+            next_recvs += [post(t + 1, k) for k in range(len(recvs), n_pieces(t + 1))]
         phase, step = ("reduce-scatter", t) if t < n_reduce else ("all-gather", t - n_reduce)
         if rec is not None:
             s_lo, s_hi = bounds[send_chunk(t)]
@@ -436,7 +526,7 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
                      start, time.perf_counter(), peer=g.global_ranks[g.right()], step=t)
         if hook is not None:
             hook(phase, step, flat)
-        recvs, sends = next_recvs, next_sends
+        recvs = next_recvs
 
 
 # Pieces of about this many bytes are pipelined through the ring (0: one message per chunk).
@@ -517,12 +607,13 @@ def ring_reduce_scatter(output: torch.Tensor, input, op="sum", group=None, *,
     g = _Group(group, transport)
     if isinstance(input, torch.Tensor):
         _check_tensor(input, "input")
+        _check_device(input, output.device, "input")
         flat = input.reshape(-1).clone()  # work on a copy: torch leaves the input untouched too
         bounds = chunk_bounds(flat.numel(), g.size)
     else:
-        _check_list(input, g.size, "input", dtype=output.dtype)
+        _check_list(input, g.size, "input", dtype=output.dtype, device=output.device)
         sizes = [t.numel() for t in input]
-        flat = torch.cat([t.reshape(-1) for t in input]) if input else torch.empty(0)
+        flat = torch.cat([t.reshape(-1) for t in input])
         offsets = [0]
         for s in sizes:
             offsets.append(offsets[-1] + s)
@@ -565,17 +656,18 @@ def ring_all_gather(output, input: torch.Tensor, group=None, *,
     g = _Group(group, transport)
     if isinstance(output, torch.Tensor):
         _check_tensor(output, "output")
+        _check_device(output, input.device, "output")
         flat = output.view(-1)
         bounds = chunk_bounds(flat.numel(), g.size)
         tensors = None
     else:
-        _check_list(output, g.size, "output", dtype=input.dtype)
+        _check_list(output, g.size, "output", dtype=input.dtype, device=input.device)
         tensors = list(output)
         offsets = [0]
         for t in tensors:
             offsets.append(offsets[-1] + t.numel())
         bounds = list(zip(offsets[:-1], offsets[1:]))
-        flat = torch.empty(offsets[-1], dtype=input.dtype)
+        flat = torch.empty(offsets[-1], dtype=input.dtype, device=input.device)
     if flat.dtype != input.dtype:
         raise TypeError(f"output has dtype {flat.dtype} but input has {input.dtype}; use one dtype")
     lo, hi = bounds[g.rank]
@@ -605,7 +697,10 @@ def all_to_all(output_list: Sequence[torch.Tensor], input_list: Sequence[torch.T
     """
     g = _Group(group, transport)
     _check_list(output_list, g.size, "output_list")
-    _check_list(input_list, g.size, "input_list", dtype=output_list[0].dtype if output_list else None)
+    dtype, device = output_list[0].dtype, output_list[0].device
+    for i, t in enumerate(output_list):
+        _check_device(t, device, f"output_list[{i}]")
+    _check_list(input_list, g.size, "input_list", dtype=dtype, device=device)
     r, N = g.rank, g.size
     if output_list[r].numel() != input_list[r].numel():
         raise ValueError(f"output_list[{r}] has {output_list[r].numel()} elements but "
@@ -618,3 +713,69 @@ def all_to_all(output_list: Sequence[torch.Tensor], input_list: Sequence[torch.T
         _exchange(g, input_list[dst].reshape(-1), dst, output_list[src].view(-1), src,
                   f"all_to_all/step {s - 1}", rec, peer=g.global_ranks[dst], step=s - 1)
     return output_list
+
+
+# ------------------------------------------------------------------------------------------
+# the course's collective or torch's own: the one place that chooses
+# ------------------------------------------------------------------------------------------
+def all_reduce(tensor: torch.Tensor, op="sum", group=None, *, builtin: bool = False) -> torch.Tensor:
+    """``dist.all_reduce(tensor, op, group)`` in place: the course's :func:`ring_all_reduce`, or with
+    ``builtin=True`` torch's own (gloo's or NCCL's algorithm: faster; its transfers are not recorded
+    by :mod:`course_lib.trace`). ``op`` is ``"sum"`` or ``"avg"``; the built-in average is a sum and one
+    division, as the ring's (gloo has no ``ReduceOp.AVG``). Returns ``tensor``."""
+    op = _parse_op(op)
+    if not builtin:
+        return ring_all_reduce(tensor, op, group=group)
+    dist.all_reduce(tensor, group=group)
+    if op == "avg":
+        tensor.div_(dist.get_world_size(group))
+    return tensor
+
+
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group=None, *,
+                      builtin: bool = False) -> torch.Tensor:
+    """``dist.all_gather_single(output, input, group)``: every rank's ``input`` laid end to end in
+    ``output`` (rank order; ``world_size * input.numel()`` elements). The course's
+    :func:`ring_all_gather`, or torch's own with ``builtin=True``. ``input`` may be this rank's slot
+    of ``output`` (as in ZeRO, whose shard is a view into the full buffer). Returns ``output``."""
+    if not builtin:
+        return ring_all_gather(output, input, group=group)
+    if input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+        # torch's all-gather works in place only when the input is exactly this rank's slot of the
+        # output; a copy is right for any input that shares the output's memory
+        input = input.clone()
+    compat.all_gather_single(output, input, group=group)
+    return output
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op="sum", group=None, *,
+                          builtin: bool = False) -> torch.Tensor:
+    """``dist.reduce_scatter_single(output, input, op, group)``: ``input`` reduced over the ranks, rank
+    r keeps block r in ``output`` (``input.numel() / world_size`` elements). The course's
+    :func:`ring_reduce_scatter`, or torch's own with ``builtin=True`` (``"avg"``: a sum and one
+    division, as :func:`all_reduce`). ``input`` is not modified. Returns ``output``."""
+    op = _parse_op(op)
+    if not builtin:
+        return ring_reduce_scatter(output, input, op, group=group)
+    compat.reduce_scatter_single(output, input, group=group)
+    if op == "avg":
+        output.div_(dist.get_world_size(group))
+    return output
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group=None, *,
+                      builtin: bool = False) -> torch.Tensor:
+    """``dist.all_to_all_single(output, input, group)`` with equal blocks: ``input``'s dim 0 is cut
+    into ``world_size`` blocks, block j goes to rank j, and rank i's block lands in ``output``'s block
+    i. The course's pairwise :func:`all_to_all` on those blocks, or torch's own with ``builtin=True``.
+    Returns ``output``."""
+    n = dist.get_world_size(group)
+    for what, t in (("input", input), ("output", output)):
+        if t.dim() == 0 or t.shape[0] % n:
+            raise ValueError(f"all_to_all_single: {what} has shape {tuple(t.shape)}, whose first dimension "
+                             f"does not split into world_size={n} equal blocks; pad it to a multiple of {n}")
+    if builtin:
+        dist.all_to_all_single(output, input, group=group)
+    else:
+        all_to_all(list(output.chunk(n)), list(input.chunk(n)), group=group)
+    return output

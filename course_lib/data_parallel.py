@@ -391,7 +391,7 @@ class BucketedDDP(nn.Module):
                 torch.div(g, self.world_size, out=view)
                 p.grad = view
             flags.append(1.0)
-        flat[b.numel:] = torch.tensor(flags, dtype=flat.dtype)
+        flat[b.numel:] = torch.tensor(flags, dtype=flat.dtype, device=flat.device)
         rec = _current_recorder()
         now = time.time()
         if rec is not None and self._t_prev is not None:

@@ -97,7 +97,10 @@ def cluster_mtbf_hours(n_gpus: float, gpu_mtbf_hours: float) -> float:
 # ============================================================================ what a checkpoint holds
 
 def rng_state() -> dict:
-    """The RNG states of torch (CPU and, when present, every CUDA device), numpy and Python."""
+    """The RNG states of torch's CPU generator, numpy and Python, and under ``"cuda"`` the states of
+    every CUDA device's generator (``torch.cuda.get_rng_state_all()``, a list in device order) when this
+    process uses CUDA. "Uses": CUDA is available *and* initialised; a process that never touched a GPU
+    has drawn nothing from them, and asking would initialise CUDA (and take GPU memory) for nothing."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -105,10 +108,19 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned. CUDA states are restored when CUDA is available here
+    (before CUDA's first use they wait until it starts, as ``torch.cuda.manual_seed`` does); a GPU
+    run's checkpoint resumed on a CPU-only machine keeps only the other states. Raises
+    :class:`CheckpointError` when the checkpoint holds another number of CUDA devices than are visible."""
     missing = {"torch", "numpy", "python"} - set(state)
     if missing:
         raise CheckpointError(f"the RNG state lacks {sorted(missing)}; save it with rng_state()")
+    if "cuda" in state and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if len(state["cuda"]) != n:
+            raise CheckpointError(f"the checkpoint holds the RNG states of {len(state['cuda'])} CUDA "
+                                  f"device(s) but this process sees {n}; resume with the same GPUs "
+                                  "visible (CUDA_VISIBLE_DEVICES) as the run that saved it")
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -152,11 +164,13 @@ class ResumableSampler:
 
     def _epoch_order(self) -> torch.Tensor:
         if self._order is None or self._order[0] != self.epoch:
+            # Indices on the CPU, drawn by a CPU generator: the same order on every machine (a CUDA
+            # generator draws other numbers); they index a tensor on any device.
             if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed + self.epoch)
-                order = torch.randperm(self.n, generator=g)
+                g = torch.Generator(device="cpu").manual_seed(self.seed + self.epoch)
+                order = torch.randperm(self.n, generator=g, device="cpu")
             else:
-                order = torch.arange(self.n)
+                order = torch.arange(self.n, device="cpu")
             self._order = (self.epoch, order)
         return self._order[1]
 
@@ -195,7 +209,8 @@ def training_state(model: torch.nn.Module, optimizer, *, step: int, scheduler=No
 
     ``model`` and ``optimizer`` are required; ``scheduler`` (``torch.optim.lr_scheduler``), ``scaler``
     (``torch.amp.GradScaler`` or the course's loss scalers) and ``sampler`` (anything with
-    ``state_dict()``) are saved when given. The RNG states of torch, numpy and Python are always saved.
+    ``state_dict()``) are saved when given. The RNG states of torch, numpy and Python, and those of the
+    CUDA devices when this process uses CUDA (:func:`rng_state`), are always saved.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be the number of optimizer steps done (an int >= 0), got {step!r}")
@@ -611,7 +626,7 @@ class ShardedCheckpoint:
                 continue
             t = self._file(name)["shards"][key]
             if out is None:
-                out = torch.empty(stop - start, dtype=t.dtype)
+                out = torch.empty(stop - start, dtype=t.dtype, device=t.device)   # as loaded: the CPU
             out[a - start:b - start] = t[a - lo:b - lo]
             filled += b - a
         if filled != stop - start:
@@ -823,19 +838,24 @@ def time_checkpoints(rank: int, world_size: int, directory: str, hidden: int = 2
     :func:`save_sharded` / :func:`load_sharded`; and ``torch.distributed.checkpoint`` with FSDP2
     (``fully_shard``) shards: ``dcp.save``, ``dcp.async_save`` (time until it returns, and until its
     future is done) and ``dcp.load``. The model is ``TinyMLP(64, hidden, 1, layers)`` with Adam (fp32
-    values and two moments per parameter: 12 bytes). A worker function for the virtual cluster or torchrun.
+    values and two moments per parameter: 12 bytes), on the device the default group's backend sends
+    (:func:`course_lib.collectives.comm_device`: the rank's GPU under NCCL). A worker function for the
+    virtual cluster or torchrun.
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.fsdp import fully_shard
 
+    from course_lib.collectives import comm_device
     from course_lib.models import TinyMLP
     from course_lib.zero import ZeRO
 
+    device = comm_device()
+
     def model():
         torch.manual_seed(0)
-        return TinyMLP(64, hidden, 1, layers)
+        return TinyMLP(64, hidden, 1, layers).to(device)
 
     def timed(fn):
         best, out = float("inf"), None
@@ -847,7 +867,7 @@ def time_checkpoints(rank: int, world_size: int, directory: str, hidden: int = 2
             best = min(best, time.perf_counter() - t0)
         return best, out
 
-    x = torch.randn(8, 64)
+    x = torch.randn(8, 64, device=device)
     z = ZeRO(model(), 3, lr=1e-3)
     z(x).sum().backward()
     z.step()

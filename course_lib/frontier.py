@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.collectives import comm_device
 from course_lib.mesh import HybridGPT, ProcessMesh
 
 __all__ = ["Recipe", "make_model", "make_batches", "ParallelMoEBlock", "Recomputed", "FrontierGPT",
@@ -203,18 +204,21 @@ class FrontierGPT(HybridGPT):
 
 def _mean_loss(loss: float | None, h: FrontierGPT) -> float:
     """The global batch's mean loss on every rank: the last stage's tp-rank-0 ranks hold one replica each."""
-    t = torch.tensor([loss if (loss is not None and h.pmesh.local_rank("tp") == 0) else 0.0], dtype=torch.float64)
+    mine = loss if (loss is not None and h.pmesh.local_rank("tp") == 0) else 0.0
+    t = torch.tensor([mine], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t)
     return float(t) / h.dp
 
 
 def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict | Recipe, *,
-          plan=None, measure_step: int | None = None) -> dict:
+          plan=None, measure_step: int | None = None, device: torch.device | str | None = None) -> dict:
     """One rank of the frontier run; resumes from the newest checkpoint in ``directory`` (as
     :func:`course_lib.fault.run_with_restarts` expects) and saves every ``recipe.checkpoint_every``
     steps. ``plan``: a :class:`course_lib.fault.FaultPlan`. At ``measure_step`` (if given and run in this
     attempt) the step is traced (:mod:`course_lib.trace`), its bytes per axis counted
     (:class:`~course_lib.mesh.CommMeter`) and its live tensor bytes tracked (:mod:`course_lib.memory`).
+    The model and the batches are on ``device`` (``None``: :func:`course_lib.collectives.comm_device`,
+    the rank's GPU under NCCL, else the CPU).
 
     Returns ``losses`` (the global mean loss of every step since step 0, carried in the checkpoints),
     ``resumed_from``, ``seconds`` (per step of this attempt), ``state_bytes`` (this rank's model states
@@ -228,8 +232,9 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
     r = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
     if world_size != r.world_size:
         raise ValueError(f"the recipe needs dp*pp*tp = {r.world_size} ranks, the job has {world_size}")
+    device = comm_device() if device is None else torch.device(device)
     pm = init_process_mesh((r.dp, r.pp, r.tp))
-    h = FrontierGPT(make_model(r), pm, r)
+    h = FrontierGPT(make_model(r).to(device), pm, r)
     manager = CheckpointManager(directory, keep_last=2)
     start, losses = 0, []
     if agreed_latest(manager) is not None:
@@ -240,7 +245,7 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
     for i in range(start, r.steps):
         if plan is not None:
             plan.maybe_fail(attempt, rank, i)
-        x, y = batches[i]
+        x, y = (t.to(device) for t in batches[i])
         dist.barrier()
         t0 = time.perf_counter()
         if i == measure_step:

@@ -88,21 +88,32 @@ def _check_world_size(world_size: Any) -> int:
     return world_size
 
 
-def _resolve_backend(backend: str | None, world_size: int) -> str:
-    """``None`` -> NCCL when there is one GPU per rank, else gloo. Checks an explicit choice."""
+def _n_gpus() -> int:
     import torch
 
-    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _resolve_backend(backend: str | None, world_size: int) -> str:
+    """The virtual cluster's backend: ``None`` -> gloo, GPUs or not (see :class:`Cluster`); checks an
+    explicit ``"gloo"`` or ``"nccl"``."""
     if backend is None:
-        return "nccl" if n_gpu >= world_size else "gloo"
+        return "gloo"
     if not isinstance(backend, str) or backend.lower() not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or None (pick automatically), got {backend!r}")
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None (gloo), got {backend!r}")
     backend = backend.lower()
+    n_gpu = _n_gpus() if backend == "nccl" else 0
     if backend == "nccl" and n_gpu < world_size:
         raise ValueError(
             f"backend='nccl' needs one GPU per rank: world_size={world_size} but {n_gpu} GPU(s) are "
-            f"visible. Use backend='gloo' (CPU) or backend=None, or ask for at most {n_gpu} ranks.")
+            f"visible. Use backend='gloo' (CPU processes), or ask for at most {n_gpu} ranks.")
     return backend
+
+
+def _torchrun_backend(ranks_per_node: int) -> str:
+    """:func:`init_from_env`'s automatic choice: NCCL when this node has a GPU for each of its
+    ``ranks_per_node`` ranks, else gloo."""
+    return "nccl" if _n_gpus() >= ranks_per_node else "gloo"
 
 
 def _exit_description(code: int) -> str:
@@ -275,8 +286,15 @@ class Cluster:
 
     Args:
         world_size: number of ranks (processes), >= 1.
-        backend: ``"gloo"`` (CPU), ``"nccl"`` (one GPU per rank) or ``None`` to pick NCCL when there are
-            at least ``world_size`` GPUs, else gloo.
+        backend: ``None`` (the default) or ``"gloo"``: CPU processes talking over gloo, on every machine,
+            with GPUs or without: the notebooks' rank functions create CPU tensors and are checked that
+            way. ``"nccl"``: rank ``r`` computes on GPU ``r`` (``torch.cuda.set_device(r)``), which is
+            also its default device (``torch.set_default_device``), so that the same rank functions,
+            whose factory calls name no device, create their tensors on the GPU unchanged; the tensors in
+            the values a rank returns come back as CPU tensors. Needs one GPU per rank. Under NCCL,
+            tensors shipped as arguments keep their device (CPU), and code that draws from a CPU
+            ``torch.Generator`` must create its tensors with ``device="cpu"`` (a CPU generator cannot
+            fill a tensor on the GPU) and move them.
         timeout: default seconds a :meth:`run` call may take before :class:`TimeoutError`.
         threads: ``torch.set_num_threads`` in every rank (1 avoids oversubscribing a laptop).
         output: ``"ordered"`` prints each call's rank output after the call, rank by rank (reads well,
@@ -577,6 +595,7 @@ class Cluster:
 def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None,
         timeout: float = 120.0, **kwargs: Any) -> list[Any]:
     """Start ``world_size`` ranks, run ``fn(rank, world_size, *args, **kwargs)`` on each, stop them.
+    ``backend`` as for :class:`Cluster` (``None``: gloo).
 
     Returns the per-rank return values as a list in rank order. For several calls, keep a
     :class:`Cluster` open instead: starting the processes costs seconds, a warm call milliseconds.
@@ -619,8 +638,7 @@ def init_from_env(backend: str | None = None, timeout=None) -> tuple[int, int]:
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     if backend is None:
-        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        backend = "nccl" if n_gpu >= local_world else "gloo"
+        backend = _torchrun_backend(local_world)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
@@ -644,13 +662,14 @@ def init_from_env(backend: str | None = None, timeout=None) -> tuple[int, int]:
 
 
 def device():
-    """The device this rank computes on: ``cuda:<current>`` under NCCL, else CPU."""
+    """The device this rank computes on: ``cuda:<current>`` under NCCL, else CPU (also before any process
+    group exists): :func:`course_lib.collectives.comm_device` of the default group."""
     import torch
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    from course_lib.collectives import comm_device   # here: importing launch does not import torch
+
+    return comm_device() if dist.is_initialized() else torch.device("cpu")
 
 
 # --------------------------------------------------------------------------------- JAX

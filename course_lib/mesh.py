@@ -42,6 +42,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib import collectives
+
 __all__ = [
     "AXES", "MeshError", "Mesh", "mesh_coords", "axis_groups",
     "ProcessMesh", "init_process_mesh", "device_mesh_ranks",
@@ -250,6 +252,7 @@ def device_mesh_ranks(shape, names: Sequence[str] = AXES, device_type: str | Non
 
 # --------------------------------------------------------------------------- measuring traffic
 _P2P = ("isend", "irecv", "send", "recv")
+_BATCH = "batch_isend_irecv"
 _COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
                 "all_gather_single", "reduce_scatter_single", "all_to_all",
                 "all_to_all_single")
@@ -260,9 +263,10 @@ class CommMeter:
 
     ``CommMeter({"tp": tp_group, "pp": pp_group, ...})`` (or ``CommMeter(process_mesh)``, which uses
     its axes). While the ``with`` block runs, ``torch.distributed``'s point-to-point calls
-    (``isend``/``irecv``/``send``/``recv``) and its collectives are wrapped: each call's payload is
-    added to the axis whose group it was given (``"other"`` for any other group, ``"world"`` for the
-    default one). The course's ring collectives, the pipeline runner and the tensor-parallel layers
+    (``isend``/``irecv``/``send``/``recv``, and each operation of a ``batch_isend_irecv``, the form
+    the course's collectives and pipeline runner post) and its collectives are wrapped: each call's
+    payload is added to the axis whose group it was given (``"other"`` for any other group,
+    ``"world"`` for the default one). The course's ring collectives, the pipeline runner and the tensor-parallel layers
     (with ``builtin=False``) all communicate point to point, so for them ``sent``/``recv`` are the bytes
     that went onto the wire. A built-in collective's internal traffic is the backend's business: its
     payload goes to ``collective`` (counted, not claimed as wire bytes).
@@ -315,10 +319,30 @@ class CommMeter:
         wrapped.__wrapped__ = fn
         return wrapped
 
+    def _wrap_batch(self, fn):
+        meter = self
+        isend = dist.distributed_c10d.isend   # what P2POp holds: torch's own function, never a wrapper
+
+        def wrapped(p2p_ops, *args, **kwargs):
+            for op in p2p_ops:
+                axis = meter._axis(op.group)
+                nbytes = op.tensor.numel() * op.tensor.element_size()
+                if getattr(op.op, "__wrapped__", op.op) is isend:
+                    meter.sent[axis] += nbytes
+                    meter.messages[axis] += 1
+                else:
+                    meter.recv[axis] += nbytes
+            return fn(p2p_ops, *args, **kwargs)
+
+        wrapped.__wrapped__ = fn
+        return wrapped
+
     def __enter__(self) -> "CommMeter":
         if CommMeter._active:
             raise RuntimeError("a CommMeter is already active in this process; meters do not nest")
         CommMeter._active = True
+        self._saved[_BATCH] = dist.batch_isend_irecv
+        dist.batch_isend_irecv = self._wrap_batch(dist.batch_isend_irecv)
         for name in _P2P + _COLLECTIVES:
             fn = getattr(dist, name, None)
             if fn is None:   # all_gather_single / reduce_scatter_single: torch >= 2.13 only
@@ -513,11 +537,7 @@ class HybridGPT:
         return out["loss"]
 
     def _all_reduce(self, t: torch.Tensor, group) -> None:
-        from course_lib import collectives
-        if self.builtin:
-            dist.all_reduce(t, group=group)
-        else:
-            collectives.ring_all_reduce(t, group=group)
+        collectives.all_reduce(t, group=group, builtin=self.builtin)
 
     def __repr__(self) -> str:
         c = self.pmesh.coords
@@ -828,19 +848,20 @@ def _median(xs):
     return xs[len(xs) // 2]
 
 
-def measure_link(group=None, sizes: tuple[int, int] = (64, 4 << 20), repeats: int = 5) -> tuple[float, float]:
+def measure_link(group=None, sizes: tuple[int, int] = (64, 4 << 20), repeats: int = 5,
+                 device: torch.device | str | None = None) -> tuple[float, float]:
     """``(alpha, bandwidth)`` of the links between the ranks of ``group`` (every rank calls it), fitted
     to the course's ring all-reduce: ``t(n) = 2 (N-1) alpha + 2 (N-1)/N n / bandwidth`` through the
     median times of a small and a large float32 message (bytes ``sizes``). On the virtual cluster
-    this measures loopback TCP and the processes' scheduling, not a network."""
-    from course_lib import collectives
-
+    this measures loopback TCP and the processes' scheduling, not a network. The messages are on
+    ``device`` (default: :func:`course_lib.collectives.comm_device` of ``group``, the GPU under NCCL)."""
     N = dist.get_world_size(group)
     if N < 2:
         raise ValueError("measure_link needs a group of at least 2 ranks")
+    device = collectives.comm_device(group) if device is None else torch.device(device)
     times = []
     for nbytes in sizes:
-        t = torch.zeros(max(nbytes // 4, N))
+        t = torch.zeros(max(nbytes // 4, N), device=device)
         collectives.ring_all_reduce(t, group=group)           # warm-up
         ts = []
         for _ in range(repeats):

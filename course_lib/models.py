@@ -52,13 +52,17 @@ class TinyMLP(nn.Module):
         return x
 
 
-def make_regression(n: int = 256, d_in: int = 16, d_out: int = 1, seed: int = 0, noise: float = 0.1):
-    """A seeded linear-regression data set ``(X, y)`` with ``X: (n, d_in)``, ``y: (n, d_out)``."""
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, d_in, generator=g)
-    w = torch.randn(d_in, d_out, generator=g)
-    y = X @ w + noise * torch.randn(n, d_out, generator=g)
-    return X, y
+def make_regression(n: int = 256, d_in: int = 16, d_out: int = 1, seed: int = 0, noise: float = 0.1,
+                    device: torch.device | str | None = None):
+    """A seeded linear-regression data set ``(X, y)`` with ``X: (n, d_in)``, ``y: (n, d_out)``, on
+    ``device`` (``None``: torch's default device, the CPU unless a rank set it, as
+    ``Cluster(backend="nccl")`` does). Drawn on the CPU, so the values are the same on every device."""
+    device = torch.get_default_device() if device is None else device
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    X = torch.randn(n, d_in, generator=g, device="cpu")
+    w = torch.randn(d_in, d_out, generator=g, device="cpu")
+    y = X @ w + noise * torch.randn(n, d_out, generator=g, device="cpu")
+    return X.to(device), y.to(device)
 
 
 #: How :class:`CausalSelfAttention` computes ``softmax(Q K^T / sqrt(head_dim) + causal mask) V``:
@@ -152,13 +156,16 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
 
 
-def make_tokens(n: int = 64, block_size: int = 32, vocab_size: int = 64, seed: int = 0):
+def make_tokens(n: int = 64, block_size: int = 32, vocab_size: int = 64, seed: int = 0,
+                device: torch.device | str | None = None):
     """Seeded next-token data ``(x, y)``, both ``(n, block_size)``: a noisy counting sequence
-    (each token is the previous one plus one, modulo ``vocab_size``), learnable by a tiny GPT."""
-    g = torch.Generator().manual_seed(seed)
-    start = torch.randint(0, vocab_size, (n, 1), generator=g)
-    seq = (start + torch.arange(block_size + 1)) % vocab_size  # (n, block_size + 1)
-    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    (each token is the previous one plus one, modulo ``vocab_size``), learnable by a tiny GPT. On
+    ``device`` as :func:`make_regression` (drawn on the CPU: the same tokens on every device)."""
+    device = torch.get_default_device() if device is None else device
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    start = torch.randint(0, vocab_size, (n, 1), generator=g, device="cpu")
+    seq = (start + torch.arange(block_size + 1, device="cpu")) % vocab_size  # (n, block_size + 1)
+    return seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)
 
 
 class _SleepInput(torch.autograd.Function):

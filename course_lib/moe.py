@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib import trace
+from course_lib import collectives, trace
 
 __all__ = [
     "Routing", "route", "tokens_per_expert", "load_balancing_loss", "router_z_loss", "expert_capacity", "dispatch_positions",
@@ -83,8 +83,10 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: 
     if k > E:
         raise ValueError(f"top_k={k} but there are only {E} experts; choose top_k <= {E}")
     logits = x @ gate_weight.t()                                         # (T, E)
-    if noise_std > 0:
-        logits = logits + noise_std * torch.randn(logits.shape, generator=generator, dtype=logits.dtype).to(logits.device)
+    if noise_std > 0:   # drawn where the generator lives (a CPU generator: the same noise on every device)
+        where = generator.device if generator is not None else logits.device
+        noise = torch.randn(logits.shape, generator=generator, dtype=logits.dtype, device=where)
+        logits = logits + noise_std * noise.to(logits.device)
     probs = logits.softmax(dim=-1)
     top_p, top_i = probs.topk(k, dim=-1)                                 # (T, k) each, best first
     if normalize:
@@ -234,15 +236,10 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _all_to_all(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tensor:
-    from course_lib import collectives
     x = x.contiguous()
     out = torch.empty_like(x)
     with trace.span("comm", name):
-        if builtin:
-            dist.all_to_all_single(out, x, group=group)
-        else:
-            n = dist.get_world_size(group)
-            collectives.all_to_all(list(out.chunk(n)), list(x.chunk(n)), group=group)
+        collectives.all_to_all_single(out, x, group=group, builtin=builtin)
     return out
 
 

@@ -13,10 +13,11 @@ the parameters, computes a gradient on a mini-batch of its own data shard and pu
   "Large Scale Distributed Deep Networks" (DistBelief, Downpour SGD), section 4.1; Li et al. 2014,
   "Scaling Distributed Machine Learning with the Parameter Server", OSDI).
 
-Every message is one flat float tensor ``[version, payload...]`` of ``1 + P`` elements (P = number
-of parameters), so the server's traffic per update is easy to predict: it receives ``(1 + P) * 4``
-bytes and sends ``(1 + P) * 4`` bytes per gradient, i.e. ``2 * n_workers * (1 + P) * 4`` bytes per
-synchronous step -- linear in the number of workers, the bottleneck the parameter server is known for.
+Every message is one flat tensor ``[version, payload...]`` of ``1 + P`` elements (P = number of
+parameters) in the parameters' dtype and on their device, so the server's traffic per update is easy
+to predict: with float32 parameters it receives ``(1 + P) * 4`` bytes and sends ``(1 + P) * 4`` bytes
+per gradient, i.e. ``2 * n_workers * (1 + P) * 4`` bytes per synchronous step -- linear in the number
+of workers, the bottleneck the parameter server is known for.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def parameter_server_sgd(rank: int, world_size: int, model: nn.Module, X: torch.
     n_workers = world_size - 1 if n_workers is None else n_workers
     delays = dict(delays or {})
     _validate(world_size, n_workers, n_updates, lr, batch_size, mode, delays, X)
+    if mode == "async" and dist.get_backend() == "nccl":
+        raise ValueError("mode='async' receives from whichever worker is first (dist.recv(src=None)), which "
+                         "NCCL does not support; use mode='sync' under NCCL, or gloo (CPU processes)")
     flat = parameters_to_vector(model.parameters()).detach().clone()
     P = flat.numel()
     msg_bytes = (1 + P) * flat.element_size()
@@ -96,13 +100,13 @@ def parameter_server_sgd(rank: int, world_size: int, model: nn.Module, X: torch.
         return _server(model, X, y, flat, n_workers, n_updates, lr, mode, loss_fn, msg_bytes)
     if rank > n_workers:
         return dict(rank=rank, n_grads=0)
-    return _worker(rank, model, X, y, P, n_workers, batch_size, delays.get(rank, 0.0), seed, loss_fn)
+    return _worker(rank, model, X, y, flat, n_workers, batch_size, delays.get(rank, 0.0), seed, loss_fn)
 
 
 def _server(model, X, y, flat, n_workers, n_updates, lr, mode, loss_fn, msg_bytes):
     P = flat.numel()
-    buf = torch.empty(1 + P)
-    out = torch.empty(1 + P)
+    buf = torch.empty(1 + P, dtype=flat.dtype, device=flat.device)
+    out = torch.empty(1 + P, dtype=flat.dtype, device=flat.device)
     sent = recv = 0
     version = 0
 
@@ -149,7 +153,7 @@ def _server(model, X, y, flat, n_workers, n_updates, lr, mode, loss_fn, msg_byte
             hist["loss"].append(full_loss())
             reply(who, version)
     else:
-        acc = torch.zeros(P)
+        acc = torch.zeros(P, dtype=flat.dtype, device=flat.device)
         for _ in range(n_updates):
             acc.zero_()
             for w in range(1, n_workers + 1):
@@ -169,12 +173,12 @@ def _server(model, X, y, flat, n_workers, n_updates, lr, mode, loss_fn, msg_byte
     return hist
 
 
-def _worker(rank, model, X, y, P, n_workers, batch_size, delay, seed, loss_fn):
+def _worker(rank, model, X, y, flat, n_workers, batch_size, delay, seed, loss_fn):
     s = len(X) // n_workers
     Xw, yw = X[(rank - 1) * s: rank * s], y[(rank - 1) * s: rank * s]
-    g = torch.Generator().manual_seed(seed + rank)
-    buf = torch.empty(1 + P)
-    msg = torch.empty(1 + P)
+    g = torch.Generator(device="cpu").manual_seed(seed + rank)   # the same mini-batches on every device
+    buf = torch.empty(1 + flat.numel(), dtype=flat.dtype, device=flat.device)
+    msg = torch.empty(1 + flat.numel(), dtype=flat.dtype, device=flat.device)
     n = 0
     while True:
         dist.recv(buf, src=0)
@@ -182,7 +186,7 @@ def _worker(rank, model, X, y, P, n_workers, batch_size, delay, seed, loss_fn):
             return dict(rank=rank, n_grads=n)
         vector_to_parameters(buf[1:], model.parameters())
         model.zero_grad(set_to_none=True)
-        idx = torch.randint(0, s, (batch_size,), generator=g)
+        idx = torch.randint(0, s, (batch_size,), generator=g, device="cpu")   # indexes X on any device
         loss_fn(model(Xw[idx]), yw[idx]).backward()
         if delay:
             time.sleep(delay)  # a straggler: slower hardware, a busy node, a long data load...

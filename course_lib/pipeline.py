@@ -27,10 +27,11 @@ generator                        what                                           
                                  (weights); the W's fill the cool-down bubble
 ===============================  =====================================================  ===================
 
-:func:`validate_schedule` checks one (every action once, on the right rank, and no deadlock);
-:func:`simulate` plays it with given action times (no processes) and :func:`run_schedule` executes it
-on the ranks of a process group with ``isend``/``recv`` between them, recording one span per action in
-an active :class:`course_lib.trace.Recorder`. :func:`bubble_fraction` measures the idle share of either
+:func:`validate_schedule` checks one (every action once, on the right rank, no deadlock, and messages
+that two ranks can match in order, without tags); :func:`simulate` plays it with given action times (no
+processes) and :func:`run_schedule` executes it on the ranks of a process group, with paired sends and
+receives (``batch_isend_irecv``) between them, recording one span per action in an active
+:class:`course_lib.trace.Recorder`. :func:`bubble_fraction` measures the idle share of either
 timeline (:func:`measured_times` reads a measured one's action and hop times back for :func:`simulate`), :func:`theoretical_bubble` is ``(p-1)/(v m + p-1)``, :func:`peak_in_flight` counts the
 micro-batches whose activations a rank holds at once. :func:`partition` cuts an ``nn.Sequential`` into
 balanced stages (by parameter count or by measured time). :func:`torch_pipeline_step` runs the same
@@ -49,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from course_lib import trace
+from course_lib import collectives, trace
 
 __all__ = [
     "Action",
@@ -324,9 +325,18 @@ def validate_schedule(schedule: Sequence[Sequence[Action]], n_microbatches: int 
     with ``S`` a multiple of ``p``; every (stage, micro-batch) has exactly one F and one B (and one W
     when the schedule splits the backward), for micro-batches ``0 .. m-1`` (``m = n_microbatches`` when
     given); and the ranks, each running its list in order, never wait for each other in a cycle.
+    Then the messages :func:`run_schedule` would exchange (:func:`_check_messages`): between two
+    ranks they are received in the order they are sent (no tags tell them apart: NCCL has none), and
+    the runner's exchanges cannot wait for each other in a cycle, even when every send completes only
+    once its receive is posted (NCCL's rule).
 
     Returns ``{"p", "n_stages", "m", "split"}``.
     """
+    return _validated(schedule, n_microbatches)[0]
+
+
+def _validated(schedule, n_microbatches: int | None = None) -> tuple[dict, list[list[tuple]]]:
+    """:func:`validate_schedule`'s checks; returns its dict and the runner's :func:`_programs`."""
     p, n_stages, m, split = _shape(schedule)
     if n_microbatches is not None:
         n_microbatches = _check_pos_int("n_microbatches", n_microbatches)
@@ -356,8 +366,10 @@ def validate_schedule(schedule: Sequence[Sequence[Action]], n_microbatches: int 
                     raise ScheduleError(f"the {what} {kind}{i} of stage {s} is missing (rank "
                                         f"{stage_rank(s, p)} must run every micro-batch 0 .. {m - 1} of "
                                         f"every stage it holds)")
-    _play(schedule, p, n_stages, split, lambda a: 1.0, 0.0)  # raises on a deadlock
-    return {"p": p, "n_stages": n_stages, "m": m, "split": split}
+    played = _play(schedule, p, n_stages, split, lambda a: 1.0, 0.0)  # raises on a deadlock
+    programs = _programs(schedule, p, n_stages, played)
+    _check_messages(programs)
+    return {"p": p, "n_stages": n_stages, "m": m, "split": split}, programs
 
 
 def _play(schedule, p, n_stages, split, duration, t_comm) -> list[list[dict]]:
@@ -398,6 +410,146 @@ def _play(schedule, p, n_stages, split, duration, t_comm) -> list[list[dict]]:
                     waits.append(f"rank {r} waits at {a.kind}{a.microbatch} of stage {a.stage} for {need}")
             raise ScheduleError("deadlock: every rank waits for an action that another rank only runs "
                                 "later in its list: " + "; ".join(waits))
+
+
+# --------------------------------------------------------------------------- the runner's messages
+def _messages(a: Action, p: int, last: int) -> tuple[tuple | None, tuple | None]:
+    """``(receive, send)`` of action ``a``, each ``(direction, sending stage, microbatch, peer rank)`` or
+    ``None``: a forward receives the previous stage's output and sends its own (direction 0), a
+    backward receives its output's gradient and sends its input's (direction 1)."""
+    s, i = a.stage, a.microbatch
+    if a.kind == "F":
+        return ((0, s - 1, i, stage_rank(s - 1, p)) if s > 0 else None,
+                (0, s, i, stage_rank(s + 1, p)) if s < last else None)
+    if a.kind == "B":
+        return ((1, s + 1, i, stage_rank(s + 1, p)) if s < last else None,
+                (1, s, i, stage_rank(s - 1, p)) if s > 0 else None)
+    return None, None
+
+
+def _header_microbatches(schedule, p: int, last: int) -> dict[tuple, int]:
+    """``{(direction, sending stage): microbatch}``: every micro-batch of a stage has the same shape, so
+    a header with dtype and shape travels once per stage and direction, with the first micro-batch
+    the *receiver* takes (both sides know the whole schedule)."""
+    first: dict[tuple, int] = {}
+    for acts in schedule:
+        for a in acts:
+            recv, _ = _messages(a, p, last)
+            if recv is not None:
+                first.setdefault(recv[:2], recv[2])
+    return first
+
+
+def _programs(schedule, p: int, n_stages: int, played: list[list[dict]]) -> list[list[tuple]]:
+    """What :func:`run_schedule` does on each rank, in order: ``("x", sends, receives)``, an exchange
+    of messages ``(peer rank, (direction, stage, microbatch, part))`` (part 0 the header, 1 the tensor),
+    and ``("a", action)``. One list per rank. ``played``: the schedule played with unit times (what
+    :func:`_play` returns for ``duration = 1``).
+
+    Every message travels in the *round* when its receiver starts the action that needs it, in the
+    schedule played with unit times (:func:`simulate` with every action 1): both sides compute the
+    same rounds from the schedule, and before its action of round ``t`` each rank posts one exchange
+    with everything it sends or receives in round ``t`` (a header, which the receiver needs to size the
+    tensor's buffer, in an exchange of its own just before). So the messages between two ranks go in
+    round order on both sides, and round ``t`` can complete on every rank once all earlier rounds have
+    (what a rank sends in round ``t`` was computed before it), even when every send waits for its
+    receive. A rank waits only for the exchanges it takes part in, not for all ranks in every round.
+    Messages to the same rank (``p = 1``) are handed over in memory and are not listed."""
+    last = n_stages - 1
+    header_mb = _header_microbatches(schedule, p, last)
+    kinds = {v: k for k, v in _EVENT_KIND.items()}
+    start = {(kinds[e["kind"]], e["stage"], e["microbatch"]): e["start"]
+             for row in played for e in row}
+    rounds: list[dict] = [{} for _ in range(p)]   # rank -> {round: [sends, receives, action]}
+    for r, acts in enumerate(schedule):
+        for a in acts:
+            t = start[(a.kind, a.stage, a.microbatch)]
+            rounds[r].setdefault(t, [[], [], None])[2] = a
+            recv, _ = _messages(a, p, last)
+            if recv is not None and recv[3] != r:
+                d, s, i, src = recv
+                rounds[r][t][1].append((src, (d, s, i)))
+                rounds[src].setdefault(t, [[], [], None])[0].append((r, (d, s, i)))
+    programs = []
+    for r in range(p):
+        prog = []
+        for t in sorted(rounds[r]):
+            sends, recvs, a = rounds[r][t]
+            for part in (0, 1):
+                xs = [(q, msg + (part,)) for q, msg in sends if part or header_mb[msg[:2]] == msg[2]]
+                xr = [(q, msg + (part,)) for q, msg in recvs if part or header_mb[msg[:2]] == msg[2]]
+                if xs or xr:
+                    prog.append(("x", xs, xr))
+            if a is not None:
+                prog.append(("a", a))
+        programs.append(prog)
+    return programs
+
+
+def _check_messages(programs: list[list[tuple]]) -> None:
+    """Raise :class:`ScheduleError` unless the runner's messages (``programs``: :func:`_programs`) are
+    received in the order they are sent between every two ranks, and its exchanges complete under
+    the strictest rule: a rank posts its exchanges one after another, each completing once the peer
+    of every message in it has posted the matching one (a send waits for its receive, as NCCL's
+    do). The runner's rounds make both true for every valid schedule; this checks that they do."""
+    p = len(programs)
+    plan = [[(x[1], x[2]) for x in prog if x[0] == "x"] for prog in programs]
+    sent: dict[tuple, list] = {}
+    got: dict[tuple, list] = {}
+    for r, exchanges in enumerate(plan):
+        for sends, recvs in exchanges:
+            for peer, msg in sends:
+                sent.setdefault((r, peer), []).append(msg)
+            for peer, msg in recvs:
+                got.setdefault((peer, r), []).append(msg)
+    for pair in sorted(set(sent) | set(got)):
+        a, b = sent.get(pair, []), got.get(pair, [])
+        if a != b:
+            k = next(j for j in range(len(a) + 1) if j == len(a) or j == len(b) or a[j] != b[j])
+
+            def what(seq):
+                if k >= len(seq):
+                    return "nothing"
+                d, st, i, _ = seq[k]
+                return f"the {('activation', 'gradient')[d]} of stage {st} for micro-batch {i}"
+            raise ScheduleError(
+                f"rank {pair[0]} sends {what(a)} as its message {k} to rank {pair[1]}, which expects "
+                f"{what(b)} there: messages between two ranks arrive in the order they are sent (no "
+                "tags: NCCL has none), so the receiving rank must take them in that order; reorder its "
+                "actions")
+    # Play the exchanges. The k-th send from r to q meets q's k-th receive from r; an exchange
+    # completes once every peer has posted (in the exchange it is at, or an earlier one) the match.
+    pos = [0] * p
+    posted: list[dict] = [{} for _ in range(p)]   # rank -> {(kind, src, dst): messages posted}
+
+    def post(r):
+        if pos[r] < len(plan[r]):
+            sends, recvs = plan[r][pos[r]]
+            for key in [("send", r, q) for q, _ in sends] + [("recv", q, r) for q, _ in recvs]:
+                posted[r][key] = posted[r].get(key, 0) + 1
+
+    def complete(r) -> bool:
+        sends, recvs = plan[r][pos[r]]
+        need = [(q, ("recv", r, q), posted[r][("send", r, q)]) for q, _ in sends]
+        need += [(q, ("send", q, r), posted[r][("recv", q, r)]) for q, _ in recvs]
+        return all(posted[q].get(key, 0) >= n for q, key, n in need)
+
+    for r in range(p):
+        post(r)
+    while not all(pos[r] == len(plan[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while pos[r] < len(plan[r]) and complete(r):
+                pos[r] += 1
+                post(r)
+                moved = True
+        if not moved:
+            stuck = [f"rank {r} at its exchange {pos[r]} (sends to {[q for q, _ in plan[r][pos[r]][0]]}, "
+                     f"receives from {[q for q, _ in plan[r][pos[r]][1]]})"
+                     for r in range(p) if pos[r] < len(plan[r])]
+            raise ScheduleError("the runner's paired sends and receives would wait for each other: "
+                                + "; ".join(stuck) + ". Reorder the actions so that every rank receives "
+                                "what its neighbours send next")
 
 
 def simulate(schedule: Sequence[Sequence[Action]], t_forward: float = 1.0, t_backward: float = 2.0,
@@ -608,40 +760,29 @@ _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 _HEADER = 9  # dtype code, ndim, up to 7 sizes
 
 
-def _global(group, r: int) -> int:
-    return r if group is None else dist.get_global_rank(group, r)
+def _send(t: torch.Tensor, part: int) -> torch.Tensor:
+    """What carries part ``part`` of the message with a stage's output (or input gradient) ``t``:
+    part 0, the header, a small int64 tensor with ``t``'s dtype code, number of dimensions and sizes
+    (sent with the first micro-batch of a stage and direction only); part 1, ``t`` itself. Both on
+    ``t``'s device: NCCL sends device tensors only."""
+    if part == 1:
+        return t
+    sizes = list(t.shape) + [0] * (_HEADER - 2 - t.dim())
+    return torch.tensor([_DTYPES.index(t.dtype), t.dim()] + sizes, dtype=torch.int64, device=t.device)
 
 
-def _tag(kind: int, stage: int, mb: int, m: int, part: int) -> int:
-    return ((kind * 4096 + stage) * m + mb) * 2 + part
+def _recv(part: int, known: tuple | None, device: torch.device) -> torch.Tensor:
+    """The buffer that receives part ``part`` of a message, on the receiving stage's ``device``: a
+    header's (part 0), or the tensor's, whose ``(dtype, shape)`` an earlier header told (``known``)."""
+    if part == 0:
+        return torch.empty(_HEADER, dtype=torch.int64, device=device)
+    return torch.empty(known[1], dtype=known[0], device=device)
 
 
-def _send(t: torch.Tensor, dst: int, group, tag: int, works: list, header: bool = True) -> None:
-    """``isend`` ``t`` to ``dst``, preceded (``header=True``) by a small tensor with its dtype and shape;
-    the ``(work, tensor)`` pairs go to ``works`` (the tensors must live until the sends complete)."""
-    t = t.detach().contiguous()
-    if t.dtype not in _DTYPES or t.dim() > _HEADER - 2:
-        raise TypeError(f"a stage's output must be a floating tensor ({_DTYPES}) with at most "
-                        f"{_HEADER - 2} dimensions, got {t.dtype} with shape {tuple(t.shape)}")
-    if header:
-        h = torch.zeros(_HEADER, dtype=torch.int64, device=t.device)   # NCCL sends device tensors only
-        h[0], h[1] = _DTYPES.index(t.dtype), t.dim()
-        h[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-        works.append((dist.isend(h, dst, group=group, tag=tag), h))
-    works.append((dist.isend(t, dst, group=group, tag=tag + 1), t))
-
-
-def _recv(src: int, group, tag: int, known: tuple | None = None,
-          device: torch.device | str = "cpu") -> tuple[torch.Tensor, tuple]:
-    """Receive a tensor :func:`_send` sent, onto ``device``: first its header, unless ``known``
-    (dtype, shape) already says what comes. Returns the tensor and its (dtype, shape)."""
-    if known is None:
-        h = torch.zeros(_HEADER, dtype=torch.int64, device=device)
-        dist.recv(h, src, group=group, tag=tag)
-        known = (_DTYPES[int(h[0])], tuple(h[2:2 + int(h[1])].tolist()))
-    t = torch.empty(known[1], dtype=known[0], device=device)
-    dist.recv(t, src, group=group, tag=tag + 1)
-    return t, known
+def _read_header(h: torch.Tensor) -> tuple:
+    """``(dtype, shape)`` from a header :func:`_send` made."""
+    code, ndim, *sizes = h.tolist()
+    return _DTYPES[code], tuple(sizes[:ndim])
 
 
 def _device(stages: dict[int, nn.Module]) -> torch.device:
@@ -657,7 +798,7 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                  microbatches: Sequence[torch.Tensor] | None = None,
                  targets: Sequence[torch.Tensor] | None = None,
                  loss_fn: Callable | None = None, group=None,
-                 after_action: Callable[[Action, int], None] | None = None) -> dict:
+                 after_action: Callable[[Action, int], None] | None = None, *, transport=None) -> dict:
     """Run one training step's forwards and backwards of ``schedule`` on this rank of ``group``.
 
     Args:
@@ -671,27 +812,29 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
         group: the pipeline's process group (``None``: the default group).
         after_action: called as ``after_action(action, send_buffer_bytes)`` once each action is done
             (e.g. to read the memory a rank holds between actions, as notebook 08 does);
-            ``send_buffer_bytes`` is what this rank's unfinished ``isend``s of gradients still hold (see
-            below; a sent activation is the stage's output, kept for the backward anyway).
+            ``send_buffer_bytes`` is what this rank's gradients waiting to be sent, or being sent, still
+            hold (a sent activation is the stage's output, kept for the backward anyway).
+        transport: what carries the messages (``None``: ``torch.distributed``), as the collectives'
+            ``transport=`` (e.g. :class:`course_lib.netem.PacedTransport`).
 
-    Activations go forward and gradients backward with ``isend``/``recv``, tagged by stage and
-    micro-batch; the first micro-batch a stage receives from a neighbour is preceded by a small header
-    with its dtype and shape, the others reuse it (every micro-batch of a stage must have the same shape,
-    as :func:`split_microbatches` makes them; a different one raises on the sending rank). Gradients accumulate in the
-    stages' parameters (zero them between steps). In an active :class:`course_lib.trace.Recorder`,
-    every action is one span of kind ``"forward"``, ``"backward"`` or ``"weight"`` with ``stage`` and
-    ``microbatch``.
-
-    A sent tensor is kept until its ``isend`` completes. A gloo send reports completion only when it is
-    waited for, and waiting before the peer receives could deadlock, so the runner waits where the
-    schedule proves the peer has received: an activation's send once the gradient for the same
-    micro-batch comes back; the gradients' sends at the end of the step (on gloo they stay alive until
-    then; NCCL's are released as they complete).
+    Activations go forward and gradients backward as point-to-point messages, received on the device
+    of this rank's stages. Each travels in the round when its receiver starts the action that needs
+    it (:func:`_programs`): before each action a rank posts one exchange with all it sends and receives
+    in that round (one ``dist.batch_isend_irecv``, as ``torch.distributed.pipelining`` batches its
+    sends and receives), and waits for it. No tags (NCCL has none): between two ranks the messages are
+    received in the order they are sent, which :func:`validate_schedule` checks, as it checks that the
+    exchanges cannot wait for each other even if every send waited for its receive (NCCL's rule). The
+    first micro-batch a stage receives from a neighbour is preceded by a small header with its dtype
+    and shape, the others reuse it (every micro-batch of a stage must have the same shape, as
+    :func:`split_microbatches` makes them; a different one raises on the sending rank). Gradients
+    accumulate in the stages' parameters (zero them between steps). In an active
+    :class:`course_lib.trace.Recorder`, every action is one span of kind ``"forward"``, ``"backward"``
+    or ``"weight"`` with ``stage`` and ``microbatch``.
 
     Returns ``{"losses": [m floats] on the last stage's rank, else None, "loss": their mean or None}``.
     """
     p, rank = dist.get_world_size(group), dist.get_rank(group)
-    info = validate_schedule(schedule)
+    info, programs = _validated(schedule)
     if info["p"] != p:
         raise ScheduleError(f"the schedule has lists for {info['p']} ranks but the group has {p}")
     n_stages, m, split = info["n_stages"], info["m"], info["split"]
@@ -705,46 +848,52 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
     if last in mine and (targets is None or len(targets) != m or loss_fn is None):
         raise ValueError(f"rank {rank} holds the last stage ({last}): pass targets=<list of the {m} target "
                          f"micro-batches> and loss_fn")
-    # Every micro-batch of a stage has the same shape, so the shape header travels once per stage and
-    # direction: with the first micro-batch the *receiver* takes (both sides know the whole schedule).
-    header_mb: dict[tuple, int] = {}
-    for acts in schedule:
-        for a in acts:
-            if a.kind == "F" and a.stage > 0:
-                header_mb.setdefault((0, a.stage - 1), a.microbatch)   # activation sent by stage - 1
-            elif a.kind == "B" and a.stage < last:
-                header_mb.setdefault((1, a.stage + 1), a.microbatch)   # gradient sent by stage + 1
-    known: dict[tuple, tuple] = {}      # (direction, sending stage) -> (dtype, shape), as received
-    sent: dict[tuple, tuple] = {}       # (direction, sending stage) -> (dtype, shape), as sent
+    device = _device(stages)
+    comm = collectives._Group(group, transport) if p > 1 else None
+    outbox: dict[tuple, torch.Tensor] = {}   # (direction, stage, mb) -> what this rank still has to send
+    inbox: dict[tuple, torch.Tensor] = {}    # (direction, stage, mb) -> what it received, until used
+    known: dict[tuple, tuple] = {}           # (direction, sending stage) -> (dtype, shape), from headers
+    sent: dict[tuple, tuple] = {}            # (direction, sending stage) -> (dtype, shape), as sent
 
-    def send(t, direction, stage, mb, dst):
+    def put(t, direction, stage, mb, dst):
+        """Queue a stage's output or input gradient for rank ``dst`` (handed over here if it is us)."""
+        t = t.detach().contiguous()
+        if t.dtype not in _DTYPES or t.dim() > _HEADER - 2:
+            raise TypeError(f"a stage's output must be a floating tensor ({_DTYPES}) with at most "
+                            f"{_HEADER - 2} dimensions, got {t.dtype} with shape {tuple(t.shape)}")
         meta = (t.dtype, tuple(t.shape))
         if sent.setdefault((direction, stage), meta) != meta:
             what = "output" if direction == 0 else "input gradient"
             raise ValueError(f"stage {stage}'s {what} for micro-batch {mb} is {meta[0]} {meta[1]}, but was "
                              f"{sent[(direction, stage)][0]} {sent[(direction, stage)][1]} for an earlier one: "
                              f"every micro-batch must have the same shape (use split_microbatches)")
-        _send(t, _global(group, dst), group, _tag(direction, stage, mb, m, 0),
-              pending.setdefault((direction, stage, mb), []), header=header_mb[(direction, stage)] == mb)
+        (inbox if dst == rank else outbox)[(direction, stage, mb)] = t
 
-    def recv(direction, stage, mb, src):
-        t, known[(direction, stage)] = _recv(_global(group, src), group, _tag(direction, stage, mb, m, 0),
-                                             known.get((direction, stage)), device)
-        return t
+    def exchange(sends, recvs):
+        """Post one round's messages as one exchange and wait for it (see :func:`_programs`)."""
+        out = [(_send(outbox[msg[:3]], msg[3]), q) for q, msg in sends]
+        bufs = [(_recv(msg[3], known.get(msg[:2]), device), q) for q, msg in recvs]
+        comm.exchange(out, bufs).wait()
+        for (_, msg) in sends:
+            if msg[3] == 1:
+                del outbox[msg[:3]]                              # sent: the receiver has it
+        for (buf, _), (_, msg) in zip(bufs, recvs):
+            if msg[3] == 0:
+                known[msg[:2]] = _read_header(buf)
+            else:
+                inbox[msg[:3]] = buf
 
-    device = _device(stages)
-
-    # unfinished isends: (kind 0 activation / 1 gradient, stage, mb) -> [(work, tensor), (work, tensor)]
-    pending: dict[tuple, list] = {}
     saved: dict[tuple, list] = {}  # (stage, mb) -> [input, output or loss, gradient of the output]
     losses = [None] * m
-    for a in schedule[rank]:
+    for item in programs[rank]:
+        if item[0] == "x":
+            exchange(item[1], item[2])
+            continue
+        a = item[1]
         s, i = a.stage, a.microbatch
-        for key in [k for k, ws in pending.items() if all(w.is_completed() for w, _ in ws)]:
-            del pending[key]                                     # sent (NCCL reports it; gloo does not)
         span = trace.span(_EVENT_KIND[a.kind], str(a), stage=s, microbatch=i)
         if a.kind == "F":
-            x = microbatches[i] if s == 0 else recv(0, s - 1, i, stage_rank(s - 1, p))
+            x = microbatches[i] if s == 0 else inbox.pop((0, s - 1, i))
             if s > 0:
                 x.requires_grad_(True)
             with span:
@@ -754,15 +903,11 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                     losses[i] = float(loss.detach())
                     y = loss / m
             if s != last:
-                send(y, 0, s, i, stage_rank(s + 1, p))
+                put(y, 0, s, i, stage_rank(s + 1, p))
             saved[(s, i)] = [x, y, None]
         elif a.kind == "B":
             x, y, _ = saved[(s, i)]
-            g = None if s == last else recv(1, s + 1, i, stage_rank(s + 1, p))
-            # stage s+1 sent this gradient after its forward of i, which received our activation of
-            # i: that send has completed, so waiting for it returns at once and frees the buffer
-            for w, _ in pending.pop((0, s, i), []):
-                w.wait()
+            g = None if s == last else inbox.pop((1, s + 1, i))
             with span:
                 if not split:
                     torch.autograd.backward(y, g)
@@ -772,7 +917,7 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                 else:
                     gx = None
             if s > 0:
-                send(gx, 1, s, i, stage_rank(s - 1, p))
+                put(gx, 1, s, i, stage_rank(s - 1, p))
             if split:
                 saved[(s, i)][2] = g
             else:
@@ -785,11 +930,7 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                     torch.autograd.backward(y, g, inputs=params)
         x = y = g = gx = loss = None  # drop this action's references: what is alive is what is kept
         if after_action is not None:
-            after_action(a, sum(t.untyped_storage().nbytes() for (kind, _, _), ws in pending.items()
-                                if kind == 1 for _, t in ws))
-    for ws in pending.values():
-        for w, _ in ws:
-            w.wait()
+            after_action(a, sum(t.untyped_storage().nbytes() for (d, _, _), t in outbox.items() if d == 1))
     if last not in mine:
         return {"losses": None, "loss": None}
     return {"losses": losses, "loss": sum(losses) / m}

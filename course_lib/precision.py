@@ -226,7 +226,7 @@ def unscale_grads_(grads: Iterable[torch.Tensor | None], scale: float) -> bool:
     """
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be a positive finite number, got {scale}")
-    inv = torch.tensor(_f32(1.0 / scale), dtype=torch.float32)
+    inv = _f32(1.0 / scale)   # a float32 value: multiplying an FP32 tensor by it rounds as by a tensor
     found_inf = False
     with torch.no_grad():
         for g in grads:
@@ -518,11 +518,11 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scal
     fmax = torch.finfo(dtype).max
     xf = x.float()
     if scale is None:
-        amax = xf.abs().max() if xf.numel() else torch.tensor(0.0)
+        amax = xf.abs().max() if xf.numel() else torch.tensor(0.0, device=xf.device)
         if not torch.isfinite(amax):
             raise ValueError("x holds inf or NaN; per-tensor scaling needs a finite amax")
-        scale = torch.where(amax > 0, fmax * 2.0 ** -margin / amax, torch.tensor(1.0))
-    scale = torch.as_tensor(scale, dtype=torch.float32)
+        scale = torch.where(amax > 0, fmax * 2.0 ** -margin / amax, torch.tensor(1.0, device=xf.device))
+    scale = torch.as_tensor(scale, dtype=torch.float32, device=xf.device)
     if not (scale > 0 and torch.isfinite(scale)):
         raise ValueError(f"scale must be a positive finite number, got {scale.item()}")
     q = (xf * scale).clamp(-fmax, fmax).to(dtype)
@@ -532,7 +532,7 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scal
 def dequantize_fp8(q: torch.Tensor, scale) -> torch.Tensor:
     """Back to float32: ``q / scale`` (Transformer Engine keeps ``scale_inv`` for this)."""
     _check_fp8(q.dtype)
-    return q.float() / torch.as_tensor(scale, dtype=torch.float32)
+    return q.float() / torch.as_tensor(scale, dtype=torch.float32, device=q.device)
 
 
 def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:

@@ -143,9 +143,10 @@ class _Frame:
         self.is_tensor = [isinstance(a, torch.Tensor) for a in args]
         self.others = [None if t else a for a, t in zip(args, self.is_tensor)]
         self.flags = [a.requires_grad if t else False for a, t in zip(args, self.is_tensor)]
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)  # the inputs' device
-        dummy = torch.empty(0, requires_grad=True, device=device)
-        self.saver = _SaveInputs.apply(dummy, *[a for a in args if isinstance(a, torch.Tensor)])
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        # an empty placeholder (no data) on the inputs' device, so the saver's node has one device
+        dummy = torch.empty(0, device=tensors[0].device if tensors else "cpu", requires_grad=True)
+        self.saver = _SaveInputs.apply(dummy, *tensors)
         self.devices = _rng_devices(args)
         self.rng = _get_rng(self.devices) if preserve_rng_state else None
         self.n_saved = 0        # tickets handed out in the forward

@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib import collectives, compat, trace
+from course_lib import collectives, trace
 
 __all__ = [
     "shard_range",
@@ -107,10 +107,7 @@ def _all_reduce(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tenso
     if dist.get_world_size(group) == 1:
         return x
     with trace.span("all-reduce", name):
-        if builtin:
-            dist.all_reduce(x, group=group)
-        else:
-            collectives.ring_all_reduce(x, group=group)
+        collectives.all_reduce(x, group=group, builtin=builtin)
     return x
 
 
@@ -122,10 +119,7 @@ def _all_gather(x: torch.Tensor, dim: int, group, builtin: bool, name: str) -> t
     x = x.movedim(dim, 0).contiguous()                      # (chunk, ...) with the split dim first
     out = torch.empty((t * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("all-gather", name):
-        if builtin:
-            compat.all_gather_single(out, x, group=group)
-        else:
-            collectives.ring_all_gather(out, x, group=group)
+        collectives.all_gather_single(out, x, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()                 # back to the caller's layout
 
 
@@ -138,10 +132,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     full = x.movedim(dim, 0).contiguous()                   # (n, ...): rank r's rows are one block
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("reduce-scatter", name):
-        if builtin:
-            compat.reduce_scatter_single(out, full, group=group)
-        else:
-            collectives.ring_reduce_scatter(out, full, group=group)
+        collectives.reduce_scatter_single(out, full, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()
 
 
@@ -269,18 +260,22 @@ def reduce_scatter_to_sequence_parallel(x: torch.Tensor, dim: int = 1, group=Non
 # --------------------------------------------------------------------------- linear layers
 
 def _uniform(shape, fan_in: int, generator) -> torch.Tensor:
-    """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, nn.Linear's default, for one shard only."""
+    """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, nn.Linear's default, for one shard only: on the
+    generator's device (a generator fills tensors on its own device), else torch's default device, where
+    ``nn.Linear`` creates its weights."""
     bound = 1.0 / math.sqrt(fan_in)
-    return torch.empty(shape).uniform_(-bound, bound, generator=generator)
+    device = generator.device if generator is not None else torch.get_default_device()
+    return torch.empty(shape, device=device).uniform_(-bound, bound, generator=generator)
 
 
 def _rows_of(n: int, t: int, r: int, fused: int, what: str) -> torch.Tensor:
-    """Indices of rank r's rows when ``n`` rows stack ``fused`` equal matrices, each split t ways."""
+    """Indices of rank r's rows when ``n`` rows stack ``fused`` equal matrices, each split t ways (on the
+    CPU: they index the full layer's weight on any device)."""
     if fused < 1 or n % fused:
         raise ValueError(f"{what}: {n} rows cannot hold fused={fused} equal matrices")
     part = n // fused
     lo, hi = shard_range(part, t, r, what if fused == 1 else f"{what} of each of the {fused} fused matrices")
-    return torch.cat([torch.arange(j * part + lo, j * part + hi) for j in range(fused)])
+    return torch.cat([torch.arange(j * part + lo, j * part + hi, device="cpu") for j in range(fused)])
 
 
 class ColumnParallelLinear(nn.Module):
@@ -375,7 +370,7 @@ class RowParallelLinear(nn.Module):
         lo, hi = shard_range(in_features, t, r, "in_features")
         if _full is None:   # my columns, nn.Linear's distribution; the replicated bias starts at 0
             self.weight = nn.Parameter(_uniform((out_features, hi - lo), in_features, generator))
-            self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+            self.bias = nn.Parameter(torch.zeros(out_features, device=self.weight.device)) if bias else None
         else:
             self.weight = nn.Parameter(_full.weight.detach()[:, lo:hi].clone())  # (out, in/t)
             self.bias = nn.Parameter(_full.bias.detach().clone()) if _full.bias is not None else None

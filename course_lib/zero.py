@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from course_lib import collectives, compat, trace
+from course_lib import collectives, trace
 from course_lib.data_parallel import broadcast_parameters
 
 __all__ = ["ZeRO", "comm_bytes_per_step", "default_units"]
@@ -252,29 +252,18 @@ class ZeRO(nn.Module):
 
     def _all_gather(self, u: _Unit) -> None:
         with trace.span("all-gather", f"all-gather {u.name}"):
-            if self.builtin:
-                compat.all_gather_single(u.full, u.shard.clone(), group=self.group)
-            else:
-                collectives.ring_all_gather(u.full, u.shard, group=self.group)
+            collectives.all_gather_single(u.full, u.shard, group=self.group, builtin=self.builtin)
 
     def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
         """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
         out = torch.empty(u.shard_size, dtype=flat.dtype, device=flat.device)
         with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
-            if self.builtin:
-                compat.reduce_scatter_single(out, flat, group=self.group)
-                out.div_(self.world_size)
-            else:
-                collectives.ring_reduce_scatter(out, flat, op="avg", group=self.group)
+            collectives.reduce_scatter_single(out, flat, "avg", group=self.group, builtin=self.builtin)
         return out
 
     def _all_reduce(self, u: _Unit) -> None:
         with trace.span("all-reduce", f"all-reduce {u.name}"):
-            if self.builtin:
-                dist.all_reduce(u.grad_full, group=self.group)
-                u.grad_full.div_(self.world_size)
-            else:
-                collectives.ring_all_reduce(u.grad_full, op="avg", group=self.group)
+            collectives.all_reduce(u.grad_full, "avg", group=self.group, builtin=self.builtin)
 
     # ------------------------------------------------------------------ stage 3: gather / free
     def _start_gather(self, u: _Unit) -> None:
@@ -459,9 +448,9 @@ class ZeRO(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def _adam_state(self, u: _Unit) -> dict:
         state = self.optimizer.state.get(u.master, {})
-        if not state:   # before the first step: what Adam starts from
+        if not state:   # before the first step: what Adam starts from (its step count on the CPU, as Adam's)
             return {"exp_avg": torch.zeros_like(u.master), "exp_avg_sq": torch.zeros_like(u.master),
-                    "step": torch.tensor(0.0)}
+                    "step": torch.tensor(0.0, device="cpu")}
         return state
 
     @torch.no_grad()
@@ -517,8 +506,8 @@ class ZeRO(nn.Module):
             u.master.data.copy_(values["master"])
             if self.mixed or self.stage == 3:
                 u.shard.copy_(u.master)
-            self.optimizer.state[u.master] = {"step": torch.tensor(float(step)),
-                                              "exp_avg": values["exp_avg"],
+            step_count = torch.tensor(float(step), device="cpu")   # where torch.optim.Adam keeps it
+            self.optimizer.state[u.master] = {"step": step_count, "exp_avg": values["exp_avg"],
                                               "exp_avg_sq": values["exp_avg_sq"]}
         if self.stage in (1, 2):   # stage 0's slice is the full buffer; stage 3 gathers at forward
             for fut in [self._submit(self._all_gather, u) for u in self.units]:

@@ -168,6 +168,27 @@ def test_training_state_round_trip_and_rng(tmp_path):
     assert opt2.state_dict()["state"][0]["exp_avg"].equal(opt.state_dict()["state"][0]["exp_avg"])
 
 
+def test_cuda_rng_states_are_saved_and_restored_when_the_process_uses_cuda(monkeypatch):
+    """No GPU here: torch.cuda's RNG calls are replaced by stand-ins that hand out and record states."""
+    m, opt = _state()                                   # before the stand-ins (manual_seed asks CUDA too)
+    states = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [t.clone() for t in states])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = training_state(m, opt, step=3)
+    assert [t.tolist() for t in state["rng"]["cuda"]] == [[1, 2], [3, 4]]
+    assert restore_training_state(state, m, opt) == 3
+    assert [t.tolist() for t in restored[0]] == [[1, 2], [3, 4]]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(CheckpointError, match=r"RNG states of 2 CUDA device\(s\) but this process sees 1"):
+        restore_training_state(state, m, opt)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)   # never used CUDA: nothing drawn
+    assert "cuda" not in fault.rng_state()
+
+
 def test_checkpoint_from_another_model_names_the_keys(tmp_path):
     from course_lib.models import TinyMLP
     m, opt = _state()

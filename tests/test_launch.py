@@ -234,6 +234,41 @@ def test_nccl_without_enough_gpus_is_explained():
         Cluster(n + 1, backend="nccl")
 
 
+def test_backend_none_is_gloo_even_with_gpus_and_torchrun_picks_nccl(monkeypatch):
+    """Cluster(n) runs CPU processes over gloo on a machine with GPUs too (the notebooks' rank code makes
+    CPU tensors); backend="nccl" asks for the GPUs; init_from_env (torchrun) still picks NCCL when every
+    rank of the node has a GPU. No GPU here: torch.cuda reports 4 of them."""
+    import torch
+
+    from course_lib import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert launch._resolve_backend(None, 1) == launch._resolve_backend(None, 4) == "gloo"
+    assert launch._resolve_backend("nccl", 4) == "nccl" and launch._resolve_backend("GLOO", 4) == "gloo"
+    with pytest.raises(ValueError, match="world_size=5 but 4 GPU"):
+        launch._resolve_backend("nccl", 5)
+    assert launch._torchrun_backend(4) == "nccl" and launch._torchrun_backend(8) == "gloo"
+
+
+def test_nccl_results_travel_as_cpu_tensors_of_the_same_kind():
+    """What an NCCL rank sends back (course_lib._worker._dumps(..., to_cpu=True)): every tensor as a CPU
+    copy, parameters still parameters, requires_grad kept, a tensor with a graph as a leaf (as pickle)."""
+    import cloudpickle
+    import torch
+
+    from course_lib._worker import _dumps
+
+    value = {"w": torch.nn.Parameter(torch.ones(2)), "xs": [torch.arange(3.0), (torch.zeros(1, 2),)],
+             "leaf": torch.ones(2, requires_grad=True), "n": 3}
+    back = cloudpickle.loads(_dumps(value, to_cpu=True))
+    assert type(back["w"]) is torch.nn.Parameter and back["w"].requires_grad and back["w"].device.type == "cpu"
+    assert torch.equal(back["xs"][0], torch.arange(3.0)) and back["xs"][1][0].shape == (1, 2)
+    assert back["leaf"].requires_grad and back["leaf"].is_leaf and back["n"] == 3
+    y = cloudpickle.loads(_dumps(value["leaf"] * 2, to_cpu=True))
+    assert y.is_leaf and y.requires_grad and torch.equal(y.detach(), torch.full((2,), 2.0))
+
+
 def test_unknown_backend():
     with pytest.raises(ValueError, match="backend must be"):
         Cluster(2, backend="mpi-please")

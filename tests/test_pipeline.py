@@ -98,6 +98,27 @@ def test_validate_rejects_bad_schedules():
         P.simulate(P.zb_h1_schedule(2, 2), t_backward=2, t_weight=3)
 
 
+def test_runner_messages_match_in_order_and_cannot_wait_for_each_other():
+    # every course schedule: the runner's exchanges pass the checks (validate_schedule runs them)
+    for name in P.SCHEDULES:
+        for p in (2, 3, 4):
+            info, programs = P._validated(P.make_schedule(name, p, 2 * p, 2))
+            for r, prog in enumerate(programs):
+                acts = [x[1] for x in prog if x[0] == "a"]
+                assert acts == list(P.make_schedule(name, p, 2 * p, 2)[r])   # the schedule's order
+    # the checks can fail: messages taken in another order than sent (no tags tell them apart) ...
+    F0, F1 = (0, 0, 0, 1), (0, 0, 1, 1)
+    with pytest.raises(P.ScheduleError, match="arrive in the order they are sent"):
+        P._check_messages([[("x", [(1, F0)], []), ("x", [(1, F1)], [])],
+                           [("x", [], [(0, F1)]), ("x", [], [(0, F0)])]])
+    # ... and a send and a receive between two ranks in separate exchanges, crossing (NCCL hangs)
+    G0 = (1, 1, 0, 1)
+    with pytest.raises(P.ScheduleError, match="would wait for each other"):
+        P._check_messages([[("x", [(1, F0)], []), ("x", [], [(1, G0)])],
+                           [("x", [(0, G0)], []), ("x", [], [(0, F0)])]])
+    P._check_messages([[("x", [(1, F0)], [(1, G0)])], [("x", [(0, G0)], [(0, F0)])]])   # paired: fine
+
+
 def test_balance_and_partition():
     assert P.balance([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
     assert P.balance([4, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 5)]
@@ -201,6 +222,12 @@ def test_schedule_equals_sequential_and_torch(cluster, pp, name, m, v, torch_nam
     assert last[0]["loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
     if torch_name:
         assert last[0]["torch_loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
+
+
+def test_one_rank_holding_every_stage_hands_messages_over_in_memory(cluster):
+    results = [r for r in cluster.run(_step_case, 1, "interleaved", 4, 2, None) if r is not None]
+    assert len(results) == 1 and results[0]["err"] < 1e-6
+    assert results[0]["loss"] == pytest.approx(results[0]["ref"], rel=1e-6)
 
 
 def _traced_case(rank, world_size):

@@ -8,12 +8,16 @@ block and sharded checkpoints, with the model FLOPs utilisation of every step.
 ``step FLOPs / (seconds * world_size * peak)``, the FLOPs counted once by ``torch.utils.flop_counter``
 on the one-process model (``course_lib.frontier.step_flops``: matmuls of the forward and backward, the
 MoE's active experts only, not recomputation's extra forward: MFU, not HFU). ``--peak-tflops`` is the
-peak of one device; without it each rank measures a matmul's rate on its own CPU core and uses that
-(a CPU has no datasheet number that means the same). ``--check`` trains the same model in one process
-and compares the loss curves (bf16: within 0.1; ``--fp32``: within 1e-4). Checkpoints go to ``--dir``
-(default: a new temporary folder); a restart (``--max-restarts``) resumes from the newest one.
+peak of one device; without it each rank measures a matmul's rate on its own device and uses that (a
+CPU core has no datasheet number that means the same; on a GPU, pass the datasheet's). ``--check``
+trains the same model in one process on the CPU and compares the loss curves (bf16: within 0.1;
+``--fp32``: within 1e-4). Checkpoints go to ``--dir`` (default: a new temporary folder); a restart
+(``--max-restarts``) resumes from the newest one.
 
-Runs on CPU processes with gloo. Its tensors are created on the CPU: the NCCL path has not been run.
+The backend is chosen as :func:`course_lib.launch.init_from_env` does (NCCL with a GPU per local rank,
+else gloo; ``--backend gloo`` forces CPU processes), and the model and the batches are created on
+the rank's device (:func:`course_lib.launch.device`). Run on CPU processes with gloo; written for
+NCCL, not yet run on GPUs.
 """
 
 from __future__ import annotations
@@ -26,17 +30,23 @@ import time
 import torch
 
 from course_lib.demos import finish
-from course_lib.launch import init_from_env
+from course_lib.launch import device, init_from_env
 
 
-def measure_peak_flops(n: int = 256, seconds: float = 0.5, dtype=torch.float32) -> float:
-    """FLOP/s of an ``n x n`` matmul on this process (one thread), best of a few timed batches."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def measure_peak_flops(n: int = 256, seconds: float = 0.5, dtype=torch.float32,
+                       device: torch.device | str = "cpu") -> float:
+    """FLOP/s of an ``n x n`` matmul on ``device`` (on the CPU: this process, one thread), best of a few
+    timed batches (on a GPU each batch is waited for: its kernels run asynchronously)."""
+    device = torch.device(device)
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
+        sync()
         t0 = time.perf_counter()
         for _ in range(4):
             a @ b
+        sync()
         best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t0))
     return best
 
@@ -65,8 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dir", default=None, help="checkpoint directory (shared by all ranks)")
     p.add_argument("--peak-tflops", type=float, default=None, help="one device's peak (default: measured)")
     p.add_argument("--check", action="store_true", help="compare with the same training in one process")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                   help="force a backend (default: NCCL with one GPU per local rank, else gloo)")
     args = p.parse_args(argv)
-    rank, world = init_from_env(backend="gloo", timeout=timedelta(seconds=60))
+    rank, world = init_from_env(backend=args.backend, timeout=timedelta(seconds=60))
+    dev = device()
     if args.tp < 1 or args.pp < 1 or world % (args.tp * args.pp):
         raise SystemExit(f"--tp {args.tp} x --pp {args.pp} must divide the world size {world}")
     try:
@@ -81,11 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.set_num_threads(1)
     flops = FR.step_flops(recipe)
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_peak_flops(dtype=recipe.dtype)
-    out = FR.train(rank, world, attempt, directory[0], recipe)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_peak_flops(dtype=recipe.dtype, device=dev)
+    out = FR.train(rank, world, attempt, directory[0], recipe, device=dev)
     lines = []
     if rank == 0:
-        lines.append(f"frontier recipe: dp={recipe.dp} pp={recipe.pp} tp={recipe.tp}, "
+        lines.append(f"frontier recipe ({dist.get_backend()}, rank 0 on {dev}): "
+                     f"dp={recipe.dp} pp={recipe.pp} tp={recipe.tp}, "
                      f"{'bf16' if recipe.bf16 else 'fp32'}, ZeRO-1, recompute={recipe.recompute}, "
                      f"MoE {recipe.experts} experts top-{recipe.top_k}; {flops / 1e6:.1f} MFLOP per step; "
                      f"peak {peak / 1e9:.2f} GFLOP/s per rank ({'given' if args.peak_tflops else 'measured'})")

@@ -18,6 +18,12 @@ Under torchrun, whose elastic agent restarts all workers when one dies (``--max-
 ``TORCHELASTIC_RESTART_COUNT`` is the attempt). Every rank prints one line when it finishes: the step it
 resumed from and the SHA-256 of its final parameters, equal to those of a run without failures.
 
+The backend is chosen as :func:`course_lib.launch.init_from_env` does (NCCL with a GPU per local rank,
+else gloo; ``--backend gloo`` forces CPU processes) and the model, its data and its gradient scaler
+live on the rank's device (:func:`course_lib.launch.device`); the checkpoints hold the CUDA generators'
+states too (:func:`course_lib.fault.rng_state`). Run on CPU processes with gloo; written for NCCL, not
+yet run on GPUs.
+
 Two traps of restarting gloo workers under torchrun, handled by :func:`course_lib.launch.init_from_env`:
 the rendezvous store keeps the dead attempt's addresses under the same keys (a restarted worker that
 reads one fails with "Gloo connectFullMesh failed ... Connection refused"), so every attempt gets its
@@ -39,20 +45,24 @@ import torch.distributed as dist
 
 from course_lib.fault import (CheckpointManager, FaultPlan, ResumableSampler, agreed_latest, rng_state,
                               save_collective, set_rng_state, training_state, restore_training_state)
+from course_lib.launch import device as launch_device
 from course_lib.models import TinyMLP, make_regression
 
 PARTS = ("optimizer", "scheduler", "scaler", "sampler", "rng")
 
 
-def build(rank: int, world_size: int, seed: int = 0, hidden: int = 32, n: int = 256, batch: int = 32):
-    """The training set-up every attempt starts from: the same initial model on every rank, then a
-    per-rank RNG (each rank's dropout differs). Returns a dict of the live objects."""
+def build(rank: int, world_size: int, seed: int = 0, hidden: int = 32, n: int = 256, batch: int = 32,
+          device: torch.device | str = "cpu"):
+    """The training set-up every attempt starts from: the same initial model on every rank (drawn on
+    the CPU, then moved to ``device``), then a per-rank RNG (each rank's dropout differs). Returns a dict
+    of the live objects."""
+    device = torch.device(device)
     torch.manual_seed(seed)
-    model = TinyMLP(16, hidden, 1, 3, dropout=0.1)
+    model = TinyMLP(16, hidden, 1, 3, dropout=0.1).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=4)
-    X, y = make_regression(n, 16, 1, seed=seed)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10, growth_interval=4)
+    X, y = make_regression(n, 16, 1, seed=seed, device=device)
     sampler = ResumableSampler(n, batch, seed=seed, rank=rank, num_replicas=world_size)
     torch.manual_seed(seed * 1000 + rank + 1)
     np.random.seed(seed * 1000 + rank + 1)
@@ -64,7 +74,8 @@ def build(rank: int, world_size: int, seed: int = 0, hidden: int = 32, n: int = 
 def _step(s: dict, world_size: int) -> float:
     idx = s["sampler"].next_batch()
     xb = s["X"][idx] * random.uniform(0.9, 1.1)                                 # Python's RNG
-    xb = xb + 0.01 * torch.from_numpy(np.random.standard_normal(xb.shape)).float()  # numpy's RNG
+    noise = torch.from_numpy(np.random.standard_normal(tuple(xb.shape))).float()   # numpy's RNG, on the CPU
+    xb = xb + 0.01 * noise.to(xb.device)
     loss = torch.nn.functional.mse_loss(s["model"](xb), s["y"][idx])           # dropout: torch's RNG
     s["optimizer"].zero_grad(set_to_none=True)
     s["scaler"].scale(loss).backward()
@@ -83,12 +94,13 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
 
 
 def params_sha256(model: torch.nn.Module) -> str:
-    return hashlib.sha256(flat_params(model).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(flat_params(model).cpu().numpy().tobytes()).hexdigest()
 
 
 def train(rank: int, world_size: int, attempt: int, directory: str, *, steps: int = 40, every: int = 5,
           plan: FaultPlan | None = None, seed: int = 0, hidden: int = 32, keep_last: int = 3,
-          omit: tuple = (), step_seconds: float = 0.0, progress_file: str | None = None) -> dict:
+          omit: tuple = (), step_seconds: float = 0.0, progress_file: str | None = None,
+          device: torch.device | str | None = None) -> dict:
     """Data-parallel training of a tiny MLP with dropout, AdamW, a cosine schedule, a gradient scaler
     and a shuffled sampler, checkpointed every ``every`` steps into ``directory`` and resumed from the
     newest intact checkpoint there (so a restarted attempt continues where the last one saved).
@@ -97,7 +109,8 @@ def train(rank: int, world_size: int, attempt: int, directory: str, *, steps: in
     restored (any of ``PARTS``), to see what each one is for; ``step_seconds`` pads each step with a
     sleep (emulated compute, for timing experiments); ``progress_file``: rank 0 appends a line
     ``attempt steps_done unix_time`` after every step (it outlives a killed attempt, for timelines).
-    Returns this rank's ``params`` (flat), ``sha256``,
+    ``device``: where the model and data live (``None``: :func:`course_lib.launch.device`, the rank's
+    GPU under NCCL, else the CPU). Returns this rank's ``params`` (flat), ``sha256``,
     ``resumed_from``, ``losses`` and ``log`` of ``(attempt, steps done, time.time())``.
     """
     unknown = set(omit) - set(PARTS)
@@ -106,7 +119,7 @@ def train(rank: int, world_size: int, attempt: int, directory: str, *, steps: in
     if not (isinstance(every, int) and every >= 1 and isinstance(steps, int) and steps >= 1):
         raise ValueError(f"steps and every must be positive ints, got steps={steps!r}, every={every!r}")
     group = None if world_size == 1 or not dist.is_initialized() else dist.group.WORLD
-    s = build(rank, world_size, seed, hidden)
+    s = build(rank, world_size, seed, hidden, device=launch_device() if device is None else device)
     manager = CheckpointManager(directory, keep_last=keep_last)
     latest = agreed_latest(manager) if group is not None else manager.latest()
     start = 0
@@ -180,17 +193,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fail-at", default="", metavar="R:S,...", help="rank R dies before step S, per attempt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pg-timeout", type=float, default=30.0, help="process-group timeout in s (default 30)")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                   help="force a backend (default: NCCL with one GPU per local rank, else gloo)")
     args = p.parse_args(argv)
     plan = parse_fail_at(args.fail_at)
     if args.steps < 1 or args.every < 1:
         raise SystemExit(f"--steps and --every must be positive, got {args.steps} and {args.every}")
-    rank, world_size = init_from_env(backend="gloo", timeout=timedelta(seconds=args.pg_timeout))
+    rank, world_size = init_from_env(backend=args.backend, timeout=timedelta(seconds=args.pg_timeout))
     bad = [r for r, _ in plan.failures if not 0 <= r < world_size]
     if bad:
         raise SystemExit(f"--fail-at names rank(s) {bad}, not ranks of this job (0..{world_size - 1})")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     out = train(rank, world_size, attempt, args.dir, steps=args.steps, every=args.every, plan=plan,
-                seed=args.seed)
+                seed=args.seed, device=launch_device())
     finish(f"[rank {rank}/{world_size}] attempt {attempt}: resumed from step {out['resumed_from']}, "
            f"trained to step {args.steps}, params sha256 {out['sha256'][:16]}", True)
 
