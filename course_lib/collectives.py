@@ -86,6 +86,7 @@ __all__ = [
     "naive_all_reduce_bytes",
     "free_scratch",
     "comm_device",
+    "PairedP2P",
     "all_reduce",
     "all_gather_single",
     "reduce_scatter_single",
@@ -203,6 +204,9 @@ class _Group:
                              "members may call a collective on it")
         self.size = dist.get_world_size(group)
         self.backend = dist.get_backend(group)
+        # NCCL needs paired exchanges (module docstring); a transport may ask for them on any backend
+        # (:class:`PairedP2P`: NCCL's discipline on gloo, so that tests on CPUs run NCCL's code path)
+        self.paired = self.backend == "nccl" or bool(getattr(self.transport, "paired", False))
         if group is None or group is dist.GroupMember.WORLD:
             self.global_ranks = list(range(self.size))
         else:
@@ -214,15 +218,22 @@ class _Group:
     def left(self) -> int:   # the ring neighbour we receive from
         return (self.rank - 1) % self.size
 
-    def exchange(self, sends=(), recvs=()) -> "_Posted":
-        """Post ``sends`` and ``recvs`` (each ``[(tensor, group rank)]``) as one paired exchange and
-        return its handle: ``.wait()`` returns once all of them have completed. Empty tensors are
-        skipped.
+    def isend(self, t: torch.Tensor, dst: int, tag: int = 0):
+        """One send to group rank ``dst`` (unpaired: gloo; see :attr:`paired`)."""
+        return self.transport.isend(t, self.global_ranks[dst], group=self.group, tag=tag)
 
-        With ``torch.distributed`` (or a transport with its own ``batch_isend_irecv``) they are one
-        ``batch_isend_irecv`` of ``P2POp`` s, the form NCCL needs (see the module docstring); a
-        transport with only ``isend``/``irecv`` gets the receives posted first, then the sends, which
-        is enough on gloo. No tags: between two ranks, messages match in the order they are posted.
+    def irecv(self, t: torch.Tensor, src: int, tag: int = 0):
+        """One receive from group rank ``src`` (unpaired: gloo; see :attr:`paired`)."""
+        return self.transport.irecv(t, self.global_ranks[src], group=self.group, tag=tag)
+
+    def exchange(self, sends=(), recvs=(), tag: int = 0) -> "_Posted":
+        """Post ``sends`` and ``recvs`` (each ``[(tensor, group rank)]``) together and return their
+        handle: ``.wait()`` returns once all of them have completed. Empty tensors are skipped.
+
+        Paired (:attr:`paired`: NCCL, or a transport that asks for it): one ``batch_isend_irecv`` of
+        ``P2POp`` s when the transport has it (``torch.distributed`` has), the form NCCL needs (see the
+        module docstring), with no tag (NCCL has none: between two ranks messages match in the order
+        they are posted). Otherwise each is posted on its own, the receives first, with ``tag``.
         """
         ops = [(t, peer, False) for t, peer in recvs if t.numel() > 0]
         ops += [(t, peer, True) for t, peer in sends if t.numel() > 0]
@@ -235,16 +246,37 @@ class _Group:
         if self.backend == "nccl" and ops[0][0].device.type != "cuda":
             raise ValueError(f"NCCL sends CUDA tensors only, got a tensor on {devices[0]}; create the "
                              "collective's tensors on this rank's GPU (course_lib.launch.device())")
-        batch = getattr(self.transport, "batch_isend_irecv", None)
+        batch = getattr(self.transport, "batch_isend_irecv", None) if self.paired else None
         if batch is not None:
             # P2POp accepts only torch's own isend/irecv objects (not wrappers such as CommMeter's),
             # which distributed_c10d always holds
             works = batch([dist.P2POp(_c10d.isend if is_send else _c10d.irecv, t, self.global_ranks[peer],
                                       self.group) for t, peer, is_send in ops])
         else:
-            works = [(self.transport.isend if is_send else self.transport.irecv)(
-                t, self.global_ranks[peer], group=self.group, tag=0) for t, peer, is_send in ops]
+            works = [(self.isend if is_send else self.irecv)(t, peer, 0 if self.paired else tag)
+                     for t, peer, is_send in ops]
         return _Posted(works, [t for t, _, _ in ops])
+
+
+class PairedP2P:
+    """``torch.distributed``'s point-to-point, posted with NCCL's discipline on any backend: the
+    course's collectives and the pipeline runner then take the code path they take under NCCL
+    (paired exchanges in one ``batch_isend_irecv``, no tags, no receive posted ahead). Pass it as
+    ``transport=`` on gloo to test that path on CPUs; under NCCL it is what happens anyway."""
+
+    paired = True
+
+    def isend(self, tensor, dst, group=None, tag=0):
+        return dist.isend(tensor, dst, group=group, tag=tag)
+
+    def irecv(self, tensor, src, group=None, tag=0):
+        return dist.irecv(tensor, src, group=group, tag=tag)
+
+    def batch_isend_irecv(self, ops):
+        return dist.batch_isend_irecv(ops)
+
+    def __repr__(self) -> str:
+        return "PairedP2P()"
 
 
 class _Posted:
@@ -445,11 +477,9 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
     later pieces of step t are still in flight. This overlaps the additions with the transfers and
     keeps both links of every rank busy, as production rings do.
 
-    Each (step, piece) is one exchange: the piece's send to the right and its receive from the left,
-    posted together (:meth:`_Group.exchange`). Every rank posts them in the same order, step by step
-    and piece by piece, so the messages between two neighbours match in order, without tags, and
-    under NCCL (one stream per rank) the exchange (t, k) of all ranks can always complete once every
-    earlier one has.
+    Posting: on gloo the receives of step t+1 are posted before step t is consumed (tagged by step
+    and piece), so a neighbour never waits for us; under NCCL (:attr:`_Group.paired`) each (step,
+    piece) is one paired exchange instead, in the same order on every rank (see the code's comments).
 
     ``finish(piece)`` is applied to each piece of the chunk completed by the last reducing step
     before it is sent on (the division of ``op="avg"``). ``hook(phase, step, flat)`` is called
@@ -481,43 +511,16 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
         # see the next step's data arrive early.
         return t >= n_reduce and N > 2 and hook is None
 
-    def n_pieces(t):
-        return max(len(pieces(recv_chunk(t))), len(pieces(send_chunk(t))))
+    def consume(t, a, b, buf):
+        """Piece [a, b) of step t has arrived in ``buf``: add it (reducing steps) or keep it."""
+        if t < n_reduce:
+            flat[a:b].add_(buf)  # accumulate in the tensor's dtype, as gloo does
+            if t == n_reduce - 1 and finish is not None:
+                finish(flat[a:b])
+        elif not in_place(t):
+            flat[a:b].copy_(buf)
 
-    def post(t, k):
-        """Piece k of step t: its send to the right and its receive from the left, as one exchange.
-        Returns ``(a, b, buffer)`` of the receive (``None`` when there is none) and the handle."""
-        got, out = pieces(recv_chunk(t)), pieces(send_chunk(t))
-        recv = None
-        if k < len(got):
-            (a, b), lo = got[k], bounds[recv_chunk(t)][0]
-            recv = (a, b, flat[a:b] if in_place(t) else bufs[t % 2][a - lo:b - lo])
-        sends = [(flat[out[k][0]:out[k][1]], g.right())] if k < len(out) else []
-        return recv, g.exchange(sends, [(recv[2], g.left())] if recv is not None else [])
-
-    def post_recvs(t):
-        # every piece of step t at once: step 0 sends the caller's data, nothing to wait for
-        return [post(t, k) for k in range(n_pieces(t))]
-
-    recvs = post_recvs(0)
-    for t in range(n_steps):
-        start = time.perf_counter() if rec is not None else 0.0
-        more = t + 1 < n_steps
-        next_recvs = []
-        for k, (recv, work) in enumerate(recvs):
-            work.wait()
-            if recv is not None:
-                a, b, buf = recv
-                if t < n_reduce:
-                    flat[a:b].add_(buf)  # accumulate in the tensor's dtype, as gloo does
-                    if t == n_reduce - 1 and finish is not None:
-                        finish(flat[a:b])
-                elif not in_place(t):
-                    flat[a:b].copy_(buf)
-            if more and k < n_pieces(t + 1):  # forward this piece at once: it is what step t+1 sends
-                next_recvs.append(post(t + 1, k))
-        if more:  # pieces of step t+1 beyond step t's: receives only
-            next_recvs += [post(t + 1, k) for k in range(len(recvs), n_pieces(t + 1))]
+    def step_done(t, start):
         phase, step = ("reduce-scatter", t) if t < n_reduce else ("all-gather", t - n_reduce)
         if rec is not None:
             s_lo, s_hi = bounds[send_chunk(t)]
@@ -526,6 +529,71 @@ def _ring(g: _Group, flat: torch.Tensor, bounds, *, n_steps: int, n_reduce: int,
                      start, time.perf_counter(), peer=g.global_ranks[g.right()], step=t)
         if hook is not None:
             hook(phase, step, flat)
+
+    def recv_buffer(t, a, b):
+        lo = bounds[recv_chunk(t)][0]
+        return flat[a:b] if in_place(t) else bufs[t % 2][a - lo:b - lo]
+
+    if not g.paired:
+        # Receives posted one step ahead: the receives of step t+1 are posted before step t is
+        # consumed, so a neighbour never waits for us to be ready; the piece's send is posted the
+        # moment it is complete. A distinct tag per (step, piece) makes matching independent of how
+        # far ahead a fast neighbour runs (messages with equal tags, from different calls, match in
+        # order). Gloo allows all this; NCCL does not (the paired branch below).
+        def post_recvs(t):
+            return [(a, b, buf, g.irecv(buf, g.left(), tag=t * _MAX_PIECES + k))
+                    for k, (a, b) in enumerate(pieces(recv_chunk(t))) for buf in [recv_buffer(t, a, b)]]
+
+        def post_send(t, k, a, b):
+            return g.isend(flat[a:b], g.right(), tag=t * _MAX_PIECES + k)
+
+        recvs = post_recvs(0)
+        sends = [post_send(0, k, a, b) for k, (a, b) in enumerate(pieces(send_chunk(0)))]
+        for t in range(n_steps):
+            start = time.perf_counter() if rec is not None else 0.0
+            next_recvs = post_recvs(t + 1) if t + 1 < n_steps else []
+            next_sends = []
+            for k, (a, b, buf, work) in enumerate(recvs):
+                work.wait()
+                consume(t, a, b, buf)
+                if t + 1 < n_steps:  # forward this piece at once: it is what step t+1 sends
+                    next_sends.append(post_send(t + 1, k, a, b))
+            for work in sends:
+                work.wait()
+            step_done(t, start)
+            recvs, sends = next_recvs, next_sends
+        return
+
+    # Paired (NCCL): each (step, piece) is one exchange, the piece's send to the right and its
+    # receive from the left posted together (:meth:`_Group.exchange`), in the same order on every
+    # rank, so messages between neighbours match in order without tags, and the exchange (t, k) of
+    # all ranks can always complete once every earlier one has. A receive cannot be posted ahead of
+    # its step: under NCCL it would hold the stream until the neighbour's send of that step.
+    def n_pieces(t):
+        return max(len(pieces(recv_chunk(t))), len(pieces(send_chunk(t))))
+
+    def post(t, k):
+        """Piece k of step t as one exchange: returns ``(a, b, buffer)`` of its receive (``None`` when
+        there is none) and the handle."""
+        got, out = pieces(recv_chunk(t)), pieces(send_chunk(t))
+        recv = (got[k][0], got[k][1], recv_buffer(t, *got[k])) if k < len(got) else None
+        sends = [(flat[out[k][0]:out[k][1]], g.right())] if k < len(out) else []
+        return recv, g.exchange(sends, [(recv[2], g.left())] if recv is not None else [])
+
+    recvs = [post(0, k) for k in range(n_pieces(0))]  # step 0 sends the caller's data: post it all
+    for t in range(n_steps):
+        start = time.perf_counter() if rec is not None else 0.0
+        more = t + 1 < n_steps
+        next_recvs = []
+        for k, (recv, work) in enumerate(recvs):
+            work.wait()
+            if recv is not None:
+                consume(t, *recv)
+            if more and k < n_pieces(t + 1):  # forward this piece at once: it is what step t+1 sends
+                next_recvs.append(post(t + 1, k))
+        if more:  # pieces of step t+1 beyond step t's: receives only
+            next_recvs += [post(t + 1, k) for k in range(len(recvs), n_pieces(t + 1))]
+        step_done(t, start)
         recvs = next_recvs
 
 

@@ -29,8 +29,8 @@ generator                        what                                           
 
 :func:`validate_schedule` checks one (every action once, on the right rank, no deadlock, and messages
 that two ranks can match in order, without tags); :func:`simulate` plays it with given action times (no
-processes) and :func:`run_schedule` executes it on the ranks of a process group, with paired sends and
-receives (``batch_isend_irecv``) between them, recording one span per action in an active
+processes) and :func:`run_schedule` executes it on the ranks of a process group (eager tagged sends on
+gloo, paired ``batch_isend_irecv`` exchanges under NCCL), recording one span per action in an active
 :class:`course_lib.trace.Recorder`. :func:`bubble_fraction` measures the idle share of either
 timeline (:func:`measured_times` reads a measured one's action and hop times back for :func:`simulate`), :func:`theoretical_bubble` is ``(p-1)/(v m + p-1)``, :func:`peak_in_flight` counts the
 micro-batches whose activations a rank holds at once. :func:`partition` cuts an ``nn.Sequential`` into
@@ -818,14 +818,25 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
             ``transport=`` (e.g. :class:`course_lib.netem.PacedTransport`).
 
     Activations go forward and gradients backward as point-to-point messages, received on the device
-    of this rank's stages. Each travels in the round when its receiver starts the action that needs
-    it (:func:`_programs`): before each action a rank posts one exchange with all it sends and receives
-    in that round (one ``dist.batch_isend_irecv``, as ``torch.distributed.pipelining`` batches its
-    sends and receives), and waits for it. No tags (NCCL has none): between two ranks the messages are
-    received in the order they are sent, which :func:`validate_schedule` checks, as it checks that the
-    exchanges cannot wait for each other even if every send waited for its receive (NCCL's rule). The
-    first micro-batch a stage receives from a neighbour is preceded by a small header with its dtype
-    and shape, the others reuse it (every micro-batch of a stage must have the same shape, as
+    of this rank's stages, in one of two ways:
+
+    * on gloo, eagerly: a stage's output is sent (``isend``, tagged by direction, stage and micro-batch)
+      as soon as it is computed, and received (``recv``) when the action that needs it starts. Gloo
+      buffers sends, so a rank never waits for a neighbour to be ready. A sent tensor is kept until
+      its send completes: an activation's until the gradient for the same micro-batch comes back
+      (the peer has received it by then), the gradients' until the end of the step.
+    * under NCCL (or with ``transport=collectives.PairedP2P()`` on any backend): in rounds. Each
+      message travels in the round when its receiver starts the action that needs it
+      (:func:`_programs`); before each action a rank posts one exchange with everything it sends
+      and receives in that round (one ``dist.batch_isend_irecv``, as ``torch.distributed.pipelining``
+      batches its sends and receives) and waits for it. No tags (NCCL has none): between two ranks
+      the messages are received in the order they are sent, which :func:`validate_schedule` checks,
+      as it checks that the exchanges cannot wait for each other even if every send waited for its
+      receive (NCCL's rule). The rounds make a rank wait for its neighbours more often than gloo's
+      eager sends do.
+
+    The first micro-batch a stage receives from a neighbour is preceded by a small header with its
+    dtype and shape, the others reuse it (every micro-batch of a stage must have the same shape, as
     :func:`split_microbatches` makes them; a different one raises on the sending rank). Gradients
     accumulate in the stages' parameters (zero them between steps). In an active
     :class:`course_lib.trace.Recorder`, every action is one span of kind ``"forward"``, ``"backward"``
@@ -850,13 +861,22 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                          f"micro-batches> and loss_fn")
     device = _device(stages)
     comm = collectives._Group(group, transport) if p > 1 else None
-    outbox: dict[tuple, torch.Tensor] = {}   # (direction, stage, mb) -> what this rank still has to send
+    paired = comm is not None and comm.paired   # NCCL (or PairedP2P): the rounds of _programs
+    header_mb = _header_microbatches(schedule, p, last)
+    outbox: dict[tuple, torch.Tensor] = {}   # paired: (direction, stage, mb) -> what is still to be sent
+    pending: dict[tuple, list] = {}          # unpaired: (direction, stage, mb) -> [(send's work, tensor)]
     inbox: dict[tuple, torch.Tensor] = {}    # (direction, stage, mb) -> what it received, until used
     known: dict[tuple, tuple] = {}           # (direction, sending stage) -> (dtype, shape), from headers
     sent: dict[tuple, tuple] = {}            # (direction, sending stage) -> (dtype, shape), as sent
 
+    def tag(key, part):  # unpaired only: a tag per message (NCCL has none)
+        direction, stage, mb = key
+        return ((direction * 4096 + stage) * m + mb) * 2 + part
+
     def put(t, direction, stage, mb, dst):
-        """Queue a stage's output or input gradient for rank ``dst`` (handed over here if it is us)."""
+        """A stage's output or input gradient for rank ``dst``: handed over if it is us, queued for its
+        round (paired), or sent at once (unpaired: gloo buffers it), its header first when the
+        receiver needs one."""
         t = t.detach().contiguous()
         if t.dtype not in _DTYPES or t.dim() > _HEADER - 2:
             raise TypeError(f"a stage's output must be a floating tensor ({_DTYPES}) with at most "
@@ -867,7 +887,28 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
             raise ValueError(f"stage {stage}'s {what} for micro-batch {mb} is {meta[0]} {meta[1]}, but was "
                              f"{sent[(direction, stage)][0]} {sent[(direction, stage)][1]} for an earlier one: "
                              f"every micro-batch must have the same shape (use split_microbatches)")
-        (inbox if dst == rank else outbox)[(direction, stage, mb)] = t
+        key = (direction, stage, mb)
+        if dst == rank:
+            inbox[key] = t
+        elif paired:
+            outbox[key] = t
+        else:
+            parts = (0, 1) if header_mb[(direction, stage)] == mb else (1,)
+            pending[key] = [(comm.isend(b, dst, tag=tag(key, part)), b) for part in parts
+                            for b in [_send(t, part)]]
+
+    def take(direction, stage, mb, src):
+        """What the action needs from rank ``src``: received in its round (paired), or now."""
+        key = (direction, stage, mb)
+        if key in inbox:
+            return inbox.pop(key)
+        if (direction, stage) not in known:
+            h = _recv(0, None, device)
+            comm.irecv(h, src, tag=tag(key, 0)).wait()
+            known[(direction, stage)] = _read_header(h)
+        t = _recv(1, known[(direction, stage)], device)
+        comm.irecv(t, src, tag=tag(key, 1)).wait()
+        return t
 
     def exchange(sends, recvs):
         """Post one round's messages as one exchange and wait for it (see :func:`_programs`)."""
@@ -883,17 +924,25 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
             else:
                 inbox[msg[:3]] = buf
 
+    def gradients_held():
+        if paired:
+            return sum(t.untyped_storage().nbytes() for (d, _, _), t in outbox.items() if d == 1)
+        return sum(t.untyped_storage().nbytes() for (d, _, _), ws in pending.items() if d == 1 for _, t in ws)
+
     saved: dict[tuple, list] = {}  # (stage, mb) -> [input, output or loss, gradient of the output]
     losses = [None] * m
     for item in programs[rank]:
         if item[0] == "x":
-            exchange(item[1], item[2])
+            if paired:
+                exchange(item[1], item[2])
             continue
         a = item[1]
         s, i = a.stage, a.microbatch
+        for key in [k for k, ws in pending.items() if all(w.is_completed() for w, _ in ws)]:
+            del pending[key]                                     # sent (NCCL reports it; gloo does not)
         span = trace.span(_EVENT_KIND[a.kind], str(a), stage=s, microbatch=i)
         if a.kind == "F":
-            x = microbatches[i] if s == 0 else inbox.pop((0, s - 1, i))
+            x = microbatches[i] if s == 0 else take(0, s - 1, i, stage_rank(s - 1, p))
             if s > 0:
                 x.requires_grad_(True)
             with span:
@@ -907,7 +956,11 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
             saved[(s, i)] = [x, y, None]
         elif a.kind == "B":
             x, y, _ = saved[(s, i)]
-            g = None if s == last else inbox.pop((1, s + 1, i))
+            g = None if s == last else take(1, s + 1, i, stage_rank(s + 1, p))
+            # unpaired: stage s+1 sent this gradient after its forward of i, which received our
+            # activation of i: that send has completed, so waiting for it returns at once
+            for w, _ in pending.pop((0, s, i), []):
+                w.wait()
             with span:
                 if not split:
                     torch.autograd.backward(y, g)
@@ -930,7 +983,10 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                     torch.autograd.backward(y, g, inputs=params)
         x = y = g = gx = loss = None  # drop this action's references: what is alive is what is kept
         if after_action is not None:
-            after_action(a, sum(t.untyped_storage().nbytes() for (d, _, _), t in outbox.items() if d == 1))
+            after_action(a, gradients_held())
+    for ws in pending.values():  # unpaired: gloo reports a send complete only when waited for
+        for w, _ in ws:
+            w.wait()
     if last not in mine:
         return {"losses": None, "loss": None}
     return {"losses": losses, "loss": sum(losses) / m}

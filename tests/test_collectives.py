@@ -92,8 +92,9 @@ def all_reduce_worker(rank, world_size, impl, pipeline_bytes):
                         dist.all_reduce(ref, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG,
                                         group=group)
                         y = x.clone()
-                        if impl == "ring":
-                            out = C.ring_all_reduce(y, op, group=group, pipeline_bytes=pipeline_bytes)
+                        if impl in ("ring", "ring-paired"):  # ring-paired: NCCL's code path, on gloo
+                            out = C.ring_all_reduce(y, op, group=group, pipeline_bytes=pipeline_bytes,
+                                                    transport=C.PairedP2P() if impl == "ring-paired" else None)
                         elif impl == "plain":
                             out = C.plain_ring_all_reduce(y, op, group=group)
                         else:  # the last rank of the group as root: not rank 0, not global 0
@@ -129,10 +130,11 @@ def shapes_worker(rank, world_size):
     return x.shape == ref.shape, x.data_ptr() == ptr, torch.equal(x, ref)
 
 
-def reduce_scatter_worker(rank, world_size):
+def reduce_scatter_worker(rank, world_size, paired=False):
     import torch.distributed as dist
 
     groups = _groups()
+    tp = C.PairedP2P() if paired else None  # paired: NCCL's code path, on gloo
     fails = []
     for gname, group in groups.items():
         members = _members(gname)
@@ -143,14 +145,14 @@ def reduce_scatter_worker(rank, world_size):
             # tensor form, divisible: == dist.reduce_scatter_single
             x = _data(grank, 6 * N, dtype, integer=True)
             ours, ref = torch.empty(6, dtype=dtype), torch.empty(6, dtype=dtype)
-            C.ring_reduce_scatter(ours, x, group=group)
+            C.ring_reduce_scatter(ours, x, group=group, transport=tp)
             compat.reduce_scatter_single(ref, x.clone(), group=group)
             if not torch.equal(ours, ref):
                 fails.append(f"{gname} tensor {dtype}")
             # list form, equal sizes: == dist.reduce_scatter, with avg
             xs = [_data(100 * grank + j, 4, dtype, integer=True) for j in range(N)]
             ours, ref = torch.empty(4, dtype=dtype), torch.empty(4, dtype=dtype)
-            C.ring_reduce_scatter(ours, xs, op="avg", group=group)
+            C.ring_reduce_scatter(ours, xs, op="avg", group=group, transport=tp)
             dist.reduce_scatter(ref, [t.clone() for t in xs], op=dist.ReduceOp.AVG, group=group)
             if not torch.allclose(ours, ref, rtol=4 * _eps(dtype), atol=0):
                 fails.append(f"{gname} list avg {dtype}: {ours} vs {ref}")
@@ -162,16 +164,18 @@ def reduce_scatter_worker(rank, world_size):
         total = sum(_data(g, n, torch.float64, True) for g in range(N))
         want = torch.tensor_split(total, N)[grank]
         ours = torch.empty(want.numel(), dtype=torch.float64)
-        C.ring_reduce_scatter(ours, _data(grank, n, torch.float64, True), group=group, pipeline_bytes=8)
+        C.ring_reduce_scatter(ours, _data(grank, n, torch.float64, True), group=group, pipeline_bytes=8,
+                              transport=tp)
         if not torch.equal(ours, want):
             fails.append(f"{gname} uneven: {ours} vs {want}")
     return fails
 
 
-def all_gather_worker(rank, world_size):
+def all_gather_worker(rank, world_size, paired=False):
     import torch.distributed as dist
 
     groups = _groups()
+    tp = C.PairedP2P() if paired else None  # paired: NCCL's code path, on gloo
     fails = []
     for gname, group in groups.items():
         members = _members(gname)
@@ -181,18 +185,18 @@ def all_gather_worker(rank, world_size):
         for dtype in DTYPES:
             x = _data(grank, 5, dtype, integer=False)
             ours, ref = torch.empty(5 * N, dtype=dtype), torch.empty(5 * N, dtype=dtype)
-            C.ring_all_gather(ours, x, group=group)
+            C.ring_all_gather(ours, x, group=group, transport=tp)
             compat.all_gather_single(ref, x, group=group)
             if not torch.equal(ours, ref):  # a copy, not a sum: bit-exact in every dtype
                 fails.append(f"{gname} tensor {dtype}")
             ol, rl = [torch.empty(5, dtype=dtype) for _ in range(N)], [torch.empty(5, dtype=dtype) for _ in range(N)]
-            C.ring_all_gather(ol, x, group=group)
+            C.ring_all_gather(ol, x, group=group, transport=tp)
             dist.all_gather(rl, x, group=group)
             if not all(torch.equal(a, b) for a, b in zip(ol, rl)):
                 fails.append(f"{gname} list {dtype}")
         # uneven slots (gloo refuses these): rank g contributes g + 1 elements
         ol = [torch.empty(g + 1) for g in range(N)]
-        C.ring_all_gather(ol, _data(grank, grank + 1, torch.float32, False), group=group)
+        C.ring_all_gather(ol, _data(grank, grank + 1, torch.float32, False), group=group, transport=tp)
         if not all(torch.equal(ol[g], _data(g, g + 1, torch.float32, False)) for g in range(N)):
             fails.append(f"{gname} uneven list")
         # uneven tensor form: tensor_split slots
@@ -200,16 +204,17 @@ def all_gather_worker(rank, world_size):
         full = torch.cat([torch.tensor_split(_data(g, n, torch.float64, True), N)[g] for g in range(N)])
         out = torch.empty(n, dtype=torch.float64)
         mine = torch.tensor_split(_data(grank, n, torch.float64, True), N)[grank]
-        C.ring_all_gather(out, mine, group=group)
+        C.ring_all_gather(out, mine, group=group, transport=tp)
         if not torch.equal(out, full):
             fails.append(f"{gname} uneven tensor")
     return fails
 
 
-def all_to_all_worker(rank, world_size):
+def all_to_all_worker(rank, world_size, paired=False):
     import torch.distributed as dist
 
     groups = _groups()
+    tp = C.PairedP2P() if paired else None  # paired: NCCL's code path, on gloo
     fails = []
     for gname, group in groups.items():
         members = _members(gname)
@@ -218,14 +223,14 @@ def all_to_all_worker(rank, world_size):
         N, g = len(members), members.index(rank)
         inp = [torch.full((3,), float(100 * g + j)) for j in range(N)]
         ours, ref = [torch.empty(3) for _ in range(N)], [torch.empty(3) for _ in range(N)]
-        C.all_to_all(ours, inp, group=group)
+        C.all_to_all(ours, inp, group=group, transport=tp)
         compat.all_to_all(ref, inp, group=group)
         if not all(torch.equal(a, b) for a, b in zip(ours, ref)):
             fails.append(f"{gname} equal sizes")
         # uneven (gloo refuses): rank g sends j + g + 1 elements to rank j
         inp = [torch.full((j + g + 1,), float(100 * g + j)) for j in range(N)]
         out = [torch.empty(g + j + 1) for j in range(N)]
-        C.all_to_all(out, inp, group=group)
+        C.all_to_all(out, inp, group=group, transport=tp)
         if not all(torch.equal(out[j], torch.full((g + j + 1,), float(100 * j + g))) for j in range(N)):
             fails.append(f"{gname} uneven")
     return fails
@@ -284,6 +289,7 @@ def bad_input_worker(rank, world_size):
 
 # ------------------------------------------------------------------ tests
 @pytest.mark.parametrize("impl,pipeline_bytes", [("ring", 0), ("ring", 64), ("ring", 1 << 20),
+                                                 ("ring-paired", 0), ("ring-paired", 64),
                                                  ("plain", 0), ("naive", 0)])
 def test_all_reduce_matches_torch(cluster, impl, pipeline_bytes):
     results = cluster.run(all_reduce_worker, impl, pipeline_bytes)
@@ -297,18 +303,21 @@ def test_all_reduce_in_place_any_shape(cluster):
         assert same_shape and same_storage and equal
 
 
-def test_reduce_scatter_matches_torch(cluster):
-    fails = cluster.run(reduce_scatter_worker)
+@pytest.mark.parametrize("paired", [False, True], ids=["gloo", "nccl-path"])
+def test_reduce_scatter_matches_torch(cluster, paired):
+    fails = cluster.run(reduce_scatter_worker, paired)
     assert not any(fails), fails
 
 
-def test_all_gather_matches_torch(cluster):
-    fails = cluster.run(all_gather_worker)
+@pytest.mark.parametrize("paired", [False, True], ids=["gloo", "nccl-path"])
+def test_all_gather_matches_torch(cluster, paired):
+    fails = cluster.run(all_gather_worker, paired)
     assert not any(fails), fails
 
 
-def test_all_to_all_matches_torch(cluster):
-    fails = cluster.run(all_to_all_worker)
+@pytest.mark.parametrize("paired", [False, True], ids=["gloo", "nccl-path"])
+def test_all_to_all_matches_torch(cluster, paired):
+    fails = cluster.run(all_to_all_worker, paired)
     assert not any(fails), fails
 
 

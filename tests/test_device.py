@@ -148,16 +148,19 @@ class _Done:
         return True
 
 
-def _fake_group(rank: int, size: int, wire: _Wire) -> C._Group:
-    """A ``collectives._Group`` for rank ``rank`` of ``size`` without torch.distributed, on ``wire``."""
+def _fake_group(rank: int, size: int, wire: _Wire, paired: bool = False) -> C._Group:
+    """A ``collectives._Group`` for rank ``rank`` of ``size`` without torch.distributed, on ``wire``
+    (``paired``: the code path NCCL takes)."""
     g = object.__new__(_GROUP)
     g.group, g.transport, g.rank, g.size, g.backend = None, wire, rank, size, "gloo"
+    g.paired = paired
     g.global_ranks = list(range(size))
     return g
 
 
+@pytest.mark.parametrize("paired", [False, True], ids=["gloo", "nccl-path"])
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_collectives_allocate_their_buffers_on_the_tensors_device(monkeypatch, size):
+def test_collectives_allocate_their_buffers_on_the_tensors_device(monkeypatch, size, paired):
     """On meta tensors every buffer the collectives send or receive must be a meta tensor; one made on
     the CPU (as the ring's receive buffers were) fails the wire's check or mixes devices in an exchange."""
     meta = torch.device("meta")
@@ -165,7 +168,7 @@ def test_collectives_allocate_their_buffers_on_the_tensors_device(monkeypatch, s
     C.free_scratch()
     for rank in range(size):
         wire = _Wire(meta)
-        monkeypatch.setattr(C, "_Group", lambda group, transport=None: _fake_group(rank, size, wire))
+        monkeypatch.setattr(C, "_Group", lambda group, transport=None: _fake_group(rank, size, wire, paired))
         x = torch.empty(10, device=meta)
         C.ring_all_reduce(x, "avg")
         C.ring_all_reduce(x, pipeline_bytes=8)
@@ -223,13 +226,19 @@ class CheckingTransport:
         return dist.irecv(tensor, src, group=group, tag=tag)
 
 
+class PairedCheckingTransport(CheckingTransport):
+    """The same, asking for NCCL's paired exchanges (as :class:`course_lib.collectives.PairedP2P`)."""
+
+    paired = True
+
+
 class IsendOnlyTransport(CheckingTransport):
     """The same without ``batch_isend_irecv``, as :class:`course_lib.netem.PacedTransport`."""
 
     batch_isend_irecv = None
 
 
-def _default_device_meta_case(rank, world_size):
+def _default_device_meta_case(rank, world_size, paired):
     """The runner (interleaved: messages both ways between the same ranks) and the collectives on CPU
     tensors while torch's default device is "meta": a factory call without device= makes a meta tensor."""
     import torch
@@ -241,7 +250,8 @@ def _default_device_meta_case(rank, world_size):
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(2 * world_size)])
     stages = P.build_stages(model, P.partition(model, 2 * world_size), [rank, rank + world_size])
     x = torch.randn(8, 4)
-    wire, plain = CheckingTransport("cpu"), IsendOnlyTransport("cpu")
+    wire = (PairedCheckingTransport if paired else CheckingTransport)("cpu")
+    plain = IsendOnlyTransport("cpu")
     C.free_scratch()
     torch.set_default_device("meta")
     try:
@@ -261,9 +271,10 @@ def _default_device_meta_case(rank, world_size):
 
 
 @pytest.mark.slow
-def test_runner_and_collectives_never_use_the_default_device():
+@pytest.mark.parametrize("paired", [False, True], ids=["gloo", "nccl-path"])
+def test_runner_and_collectives_never_use_the_default_device(paired):
     with Cluster(2, timeout=60) as c:
-        res = c.run(_default_device_meta_case)
+        res = c.run(_default_device_meta_case, paired)
     for r in res:
         assert r["messages"] > 0 and r["grads"]
         assert r["sum"] == [6.0] * 7          # (1 + 2), ring-reduced, then naive-reduced over 2 ranks

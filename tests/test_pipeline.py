@@ -162,12 +162,14 @@ def cluster():
         yield c
 
 
-def _step_case(rank, world_size, pp, name, m, v, torch_name):
-    """Every stage's gradients after one pipelined step vs the sequential model on the whole batch."""
+def _step_case(rank, world_size, pp, name, m, v, torch_name, paired=False):
+    """Every stage's gradients after one pipelined step vs the sequential model on the whole batch
+    (``paired``: the runner's NCCL path, on gloo)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
     from course_lib import pipeline as P
+    from course_lib.collectives import PairedP2P
 
     group = None if pp == world_size else dist.new_group(list(range(pp)))
     if rank >= pp:
@@ -194,7 +196,8 @@ def _step_case(rank, world_size, pp, name, m, v, torch_name):
         return out
 
     out = P.run_schedule(P.make_schedule(name, pp, m, v), stages, P.split_microbatches(x, m),
-                         P.split_microbatches(y, m), loss_fn, group=group)
+                         P.split_microbatches(y, m), loss_fn, group=group,
+                         transport=PairedP2P() if paired else None)
     res = {"err": errors(), "loss": out["loss"], "ref": ref.item(), "holds_last": S - 1 in mine}
     if torch_name:
         model.zero_grad()
@@ -222,6 +225,16 @@ def test_schedule_equals_sequential_and_torch(cluster, pp, name, m, v, torch_nam
     assert last[0]["loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
     if torch_name:
         assert last[0]["torch_loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("name,m,v", [("gpipe", 4, 1), ("1f1b", 6, 1), ("interleaved", 8, 2), ("zb-h1", 6, 1)])
+def test_paired_runner_the_nccl_path_equals_sequential(cluster, pp, name, m, v):
+    """The rounds of paired exchanges NCCL gets (PairedP2P on gloo) give the sequential gradients too."""
+    results = [r for r in cluster.run(_step_case, pp, name, m, v, None, True) if r is not None]
+    assert len(results) == pp and all(r["err"] < 1e-6 for r in results), results
+    last = [r for r in results if r["holds_last"]]
+    assert last[0]["loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
 
 
 def test_one_rank_holding_every_stage_hands_messages_over_in_memory(cluster):
