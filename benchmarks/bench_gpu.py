@@ -9,7 +9,8 @@ real peak, on one CUDA GPU.
     ``course_lib.estimate.gpt_training_flops`` (3 x (24 B s h^2 + 4 B s^2 h) per layer plus the LM head;
     the causal half of the attention that a fused kernel skips still counts, as in the papers), the peak
     the GPU's dense BF16 figure from ``course_lib.landscape.HARDWARE`` when the device name matches a
-    row, else ``--peak-tflops``. Warm-up steps, then timed steps between two ``torch.cuda.synchronize()``.
+    row, else ``--peak-tflops``. Warm-up steps, then timed steps between two ``torch.cuda.synchronize()``
+    (``course_lib.gpu.measure_gpt_step``, which notebook 01 runs too when it finds a GPU).
 (b) The frontier recipe (``course_lib.frontier``, notebook 14) with dp = pp = tp = 1 on one GPU, in a
     one-rank NCCL cluster: its time per step and MFU with the FLOPs ``frontier.step_flops`` counts.
 (c) Memory. fp32 Adam's model states, predicted at 16 bytes per parameter
@@ -30,89 +31,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict
 
 import torch
-import torch.nn.functional as F
 
 from course_lib import estimate as E
-from course_lib.landscape import HARDWARE
-from course_lib.models import TinyGPT
+from course_lib.gpu import GPT2_SMALL, measure_gpt_step, peak_flops
 
-GPT2_SMALL = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
 BATCH = 16
 #: (label, TinyGPT's attention, compiled)
 VARIANTS = (("course attention", "course", False), ("SDPA", "sdpa", False), ("SDPA + torch.compile", "sdpa", True))
-#: Device-name words for parts whose clocks and power, so peaks, differ from the SXM board of the same chip.
-FORM_FACTORS = {"PCIE", "NVL"}
-
-
-def _words(name: str) -> set[str]:
-    return set(re.split(r"[^A-Z0-9]+", name.upper())) - {""}
-
-
-def peak_from_landscape(device_name: str) -> tuple[float, str] | None:
-    """``(dense 16-bit peak in FLOP/s, row name)`` of the :data:`course_lib.landscape.HARDWARE` row for this
-    GPU, or ``None``. A row matches when its chip (the first word with a digit, e.g. ``H200``) is a word of
-    the device name and the name adds no form factor the row lacks (``NVIDIA H100 PCIe`` is not the SXM
-    part: other clocks, another peak)."""
-    words = _words(device_name)
-    for row in HARDWARE:
-        row_words = re.split(r"[^A-Z0-9]+", row["name"].upper())
-        chip = next((w for w in row_words if any(c.isdigit() for c in w)), None)
-        if row.get("tflops_16bit") and chip in words and not (words & FORM_FACTORS) - set(row_words):
-            return row["tflops_16bit"] * 1e12, row["name"]
-    return None
-
-
-def _step(net, opt, x, y):
-    """One training step: bf16 autocast forward, fp32 loss, backward, fused AdamW. The gradients are
-    dropped first, so the forward runs next to parameters and AdamW only, and after the step all the
-    model states are alive."""
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
-        logits = net(x)                                              # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())   # autocast computes it in fp32
-    loss.backward()
-    opt.step()
-    return loss
-
-
-def measure_gpt(attention: str, compiled: bool, steps: int, warmup: int, dev) -> dict:
-    """Seconds per step, peak and resident bytes of GPT-2 small's training step with ``attention``."""
-    torch.manual_seed(0)
-    model = TinyGPT(**GPT2_SMALL, attention=attention).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    net = torch.compile(model) if compiled else model
-    g = torch.Generator(device=dev).manual_seed(0)
-    T, V = GPT2_SMALL["block_size"], GPT2_SMALL["vocab_size"]
-    seq = torch.randint(0, V, (BATCH, T + 1), device=dev, generator=g)
-    x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()      # (B, T) each
-    t0 = time.perf_counter()
-    for _ in range(warmup):                                        # cuBLAS, autotuning, compilation
-        _step(net, opt, x, y)
-    torch.cuda.synchronize()
-    warmup_s = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = _step(net, opt, x, y)
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t0) / steps
-    out = {"seconds_per_step": seconds, "warmup_seconds": warmup_s, "loss": float(loss),
-           "peak_bytes": torch.cuda.max_memory_allocated(dev),
-           "allocated_after_step_bytes": torch.cuda.memory_allocated(dev),
-           "reserved_bytes": torch.cuda.memory_reserved(dev),
-           "n_params": sum(p.numel() for p in model.parameters()),
-           "state_tensor_bytes": E.measured_model_state_bytes(model, opt)}
-    del net, model, opt, loss
-    torch.cuda.empty_cache()
-    return out
 
 
 def frontier_on_one_gpu(peak: float | None, steps: int) -> dict:
@@ -158,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak_tflops:
         peak, peak_source = args.peak_tflops * 1e12, "--peak-tflops"
     else:
-        found = peak_from_landscape(name)
+        found = peak_flops(name)
         peak, peak_source = found if found else (None, None)
     report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "peak_flops": peak, "peak_source": peak_source, "failures": {}}
@@ -174,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if compiled and args.no_compile:
             continue
         try:
-            runs[label] = measure_gpt(attention, compiled, args.steps, args.warmup, dev)
+            runs[label] = measure_gpt_step(GPT2_SMALL, BATCH, attention, device=dev, compiled=compiled,
+                                           steps=args.steps, warmup=args.warmup)
         except Exception as exc:  # noqa: BLE001 - report it, measure the rest
             report["failures"][label] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             torch.cuda.empty_cache()

@@ -55,3 +55,34 @@ def test_attention_choice_is_checked_and_defaults_to_the_course():
         CausalSelfAttention(8, 2, attention="flash")
     with pytest.raises(ValueError, match="attention='flash'"):
         TinyGPT(attention="flash")
+
+
+# ------------------------------------------------------------------ course_lib.gpu, on the CPU
+def test_measure_gpt_step_runs_on_the_cpu_and_counts_the_papers_flops():
+    """What notebook 01 and bench_gpu.py measure on a GPU, run on the CPU: the step trains (the loss is
+    finite), the FLOPs are estimate.gpt_training_flops, fp32 AdamW's states are 16 bytes a parameter
+    (plus one step counter per tensor), and no CUDA figure is made up."""
+    from course_lib import estimate as E
+    from course_lib.gpu import measure_gpt_step
+
+    for attention in ATTENTION:
+        out = measure_gpt_step(SIZES, 2, attention, device="cpu", steps=1, warmup=1)
+        assert out["flops_per_step"] == E.gpt_training_flops(2, 2, 16, 32, 50)
+        assert out["tflops"] == pytest.approx(out["flops_per_step"] / out["seconds_per_step"] / 1e12)
+        assert torch.isfinite(torch.tensor(out["loss"])) and out["n_params"] > 0
+        st = out["state_tensor_bytes"]
+        assert st["parameters"] == st["gradients"] == 4 * out["n_params"]
+        assert 8 * out["n_params"] <= st["optimizer_states"] <= 8 * out["n_params"] + 8 * 64
+        assert "peak_bytes" not in out
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        measure_gpt_step(SIZES, 2, device="cpu", steps=0)
+
+
+@pytest.mark.parametrize("name, row", [("NVIDIA H200", "NVIDIA H200 SXM"), ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+                                       ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 SXM 80GB"), ("NVIDIA H100 PCIe", None),
+                                       ("Tesla T4", None)])
+def test_peak_flops_matches_a_landscape_row_by_chip_and_board(name, row):
+    from course_lib.gpu import peak_flops
+
+    found = peak_flops(name)
+    assert (found[1] if found else None) == row
