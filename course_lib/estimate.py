@@ -102,7 +102,7 @@ def transformer_layer_flops_breakdown(batch: int, seq: int, d_model: int, ffn_mu
     Returns a dict (FLOPs) with keys ``qkv`` (``6 B n d^2``), ``scores`` (``Q K^T``: ``2 B n^2 d``),
     ``weighted_sum`` (``softmax @ V``: ``2 B n^2 d``), ``out_proj`` (``2 B n d^2``) and ``ffn``
     (``d -> ffn_mult*d -> d``: ``4 * ffn_mult * B n d^2``). With ``ffn_mult=4`` the sum is
-    ``24 B n d^2 + 4 B n^2 d`` (Narayanan et al. 2021, §5.1; the course source's exercise 1). The number of
+    ``24 B n d^2 + 4 B n^2 d`` (Narayanan et al. 2021, §5.1; notebook 01's exercise 1). The number of
     heads does not appear: the heads split ``d`` among themselves. Softmax, layer norms, GELU,
     biases and residual adds are element-wise, ``O(B n d + B a n^2)``, and are not counted.
     """
@@ -156,7 +156,7 @@ def gpt_param_count(n_layer: int, d_model: int, vocab_size: int = 0, n_ctx: int 
     Per layer ``12 d^2 + 13 d`` for ``ffn_mult=4``: fused QKV ``3d^2 + 3d``, output projection
     ``d^2 + d``, FFN ``4d^2 + 4d`` and ``4d^2 + d``, two layer norms ``4d``. Around the layers:
     token embedding ``V d``, learned positions ``n_ctx d``, final layer norm ``2d``, and an LM head
-    ``V d`` only when it is not tied to the token embedding (GPT-2 ties it). The course source's
+    ``V d`` only when it is not tied to the token embedding (GPT-2 ties it). The often quoted
     ``L (12 d^2 + 13 d)`` is the per-layer part only, which is also what Kaplan et al. 2020 (§2.1)
     call the non-embedding parameter count (``N ~ 12 L d^2``).
     """
@@ -339,7 +339,7 @@ def model_state_bytes(n_params: float, precision: str = "fp32", optimizer: str =
     """Bytes of parameters, gradients and optimizer states for ``n_params`` parameters.
 
     ``precision="fp32"``: 4-byte parameters and gradients, 4-byte optimizer buffers
-    (Adam: momentum + variance, ``16`` bytes/parameter in all; the course source's 7B example: 112 GB).
+    (Adam: momentum + variance, ``16`` bytes/parameter in all; a 7B model: 112 GB).
 
     ``precision="mixed"``: the accounting of ZeRO §3.1 for mixed-precision training: fp16/bf16
     parameters (2 bytes) and gradients (2 bytes), plus ``K`` bytes of fp32 optimizer state, where

@@ -1,9 +1,10 @@
 """The frontier recipe: every technique of the course in one training run (notebook 14).
 
-The source's closing paragraph: "training a frontier model uses every trick at once: BF16 mixed
-precision, data parallelism with ring all-reduce over thousands of GPUs, tensor parallelism inside a
-node, pipeline parallelism across nodes, gradient checkpointing to save memory, MoE for parameter
-efficiency, and periodic checkpoints for fault tolerance." :class:`FrontierGPT` is that, at toy size,
+A frontier model's training run uses every trick at once: BF16 mixed precision, data parallelism
+with ring all-reduce over thousands of GPUs, tensor parallelism inside a node, pipeline parallelism
+across nodes, gradient checkpointing to save memory, MoE for parameter efficiency, and periodic
+checkpoints for fault tolerance (Llama 3's report, Dubey et al. 2024, section 3.3, describes such a
+stack, without MoE; DeepSeek-V3's, arXiv 2412.19437, section 3, with it). :class:`FrontierGPT` is that, at toy size,
 from the course's own modules and nothing else:
 
 =========================  ==========================================================  ==============

@@ -148,7 +148,7 @@ def dispatch_positions(experts: torch.Tensor, n_experts: int, capacity: int) -> 
 
 # --------------------------------------------------------------------------- experts and the layer
 class Expert(nn.Module):
-    """A two-layer FFN ``fc2(act(fc1(x)))``: the tiny GPT's MLP (GELU, ``d_ff = 4 h``) or the source's
+    """A two-layer FFN ``fc2(act(fc1(x)))``: the tiny GPT's MLP (GELU, ``d_ff = 4 h``) or notebook 10's
     exercise 3 expert (ReLU)."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu"):
