@@ -103,11 +103,13 @@ def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
     """Switch Transformer's auxiliary loss (Fedus et al. 2021, §2.2, Eq. 4-6):
     ``alpha * E * sum_i f_i * P_i``.
 
-    ``f_i``: the fraction of the token choices dispatched to expert ``i`` (counted from the top-k
-    choices: the first choice for ``k = 1``, all ``k`` of them otherwise, as GShard does); not
-    differentiable. ``P_i``: the mean router probability of expert ``i`` over the tokens; its gradient
-    pushes probability away from the experts that receive too much. Uniform routing gives ``alpha``
-    (its minimum); all tokens on one expert with full confidence give ``alpha * E``."""
+    ``f_i``: the fraction of the token choices dispatched to expert ``i``, counted over all ``k``
+    choices of every token (Megatron-Core's and Hugging Face's convention; GShard's Algorithm 1 counts
+    first choices only; for ``k = 1`` the two agree); not differentiable. ``P_i``: the mean router
+    probability of expert ``i`` over the tokens; its gradient pushes probability away from the experts
+    that receive too much. Balanced routing (``f_i = P_i = 1/E``) gives ``alpha``, which is not a lower
+    bound: ``f`` and ``P`` can disagree (``E = 2``, ``f = (0.6, 0.4)``, ``P = (0.304, 0.696)`` give
+    ``0.92 alpha``). All tokens on one expert with full confidence give ``alpha * E``."""
     T, E = routing.probs.shape
     f = tokens_per_expert(routing.experts, E).to(routing.probs.dtype) / routing.experts.numel()
     P = routing.probs.mean(dim=0)

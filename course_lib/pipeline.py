@@ -23,7 +23,7 @@ generator                        what                                           
 :func:`one_f_one_b_schedule`     warm up, then alternate one forward / one backward      Narayanan et al. 2019
                                  (PipeDream-flush): at most ``p - r`` in flight
 :func:`interleaved_1f1b_schedule`  1F1B over ``v`` virtual stages per rank               Narayanan et al. 2021
-:func:`zb_h1_schedule`           1F1B with the backward split into B (input) and W       Qi et al. 2023
+:func:`zb_h1_schedule`           1F1B with the backward split into B (input) and W       Qi et al. 2024
                                  (weights); the W's fill the cool-down bubble
 ===============================  =====================================================  ===================
 
@@ -197,7 +197,7 @@ def interleaved_1f1b_schedule(p: int, m: int, v: int) -> list[list[Action]]:
 
 
 def zb_h1_schedule(p: int, m: int) -> list[list[Action]]:
-    """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3): the backward is split into B (the
+    """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §3): the backward is split into B (the
     input gradient, which the previous stage waits for) and W (the weight gradient, which nobody waits
     for). Forwards and B's keep 1F1B's order; each W is deferred while the rank has a B or F that
     can run, and done where 1F1B would sit idle, or before a forward that would hold more than ``p``

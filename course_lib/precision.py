@@ -537,10 +537,13 @@ def dequantize_fp8(q: torch.Tensor, scale) -> torch.Tensor:
 
 def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
     """``a @ b`` as an FP8 GEMM computes it, emulated on any device: each operand quantised with its
-    own per-tensor scale (:func:`quantize_fp8`), the FP8 values multiplied and summed in float32 (the
-    tensor cores' accumulator), the product divided by both scales. Returns float32.
+    own per-tensor scale (:func:`quantize_fp8`), the FP8 values multiplied and summed in float32, the
+    product divided by both scales. Returns float32.
 
-    Only the rounding of the inputs to FP8 is modelled; real kernels also round the output.
+    Only the rounding of the inputs to FP8 is modelled. The float32 sum is an idealised accumulator:
+    Hopper's FP8 tensor cores keep only about 14 bits of it (DeepSeek-V3 report, arXiv:2412.19437,
+    section 3.3.2, which is why DeepSeek-V3 adds partial sums into FP32 every 128 elements of the inner
+    dimension), and real kernels also round the output.
     """
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"need (m, k) @ (k, n) matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
