@@ -22,9 +22,12 @@ activation checkpointing    every block's forward re-run in the backward (``chec
 fault tolerance             sharded ZeRO checkpoints (``save_sharded``), resumed exactly  12
 =========================  ==========================================================  ==============
 
-Choices and limits, named: ZeRO stage 1 only (Megatron-LM's distributed optimizer is stage 1 as well):
-with pipelining a step accumulates gradients over micro-batches, and stage 2/3's reduce-as-soon-as-ready
-would fire on the first one. The MoE layer is replicated across the ``dp`` ranks (no expert
+Choices and limits, named: ZeRO stage 1 only. This is a property of the course's ZeRO, not of ZeRO:
+its stages 2/3 reduce each gradient as soon as it is ready, which under pipelining (gradients accumulate
+over micro-batches) would fire on the first micro-batch; DeepSpeed's pipeline engine has the same limit,
+and Megatron-LM's distributed optimizer is stage 1. Production does shard parameters under pipelining
+by reducing once per step: Llama 3 trained with FSDP and 16 pipeline stages (Dubey et al. 2024,
+section 3.3.2), and torchtitan composes FSDP2 with ``torch.distributed.pipelining``. The MoE layer is replicated across the ``dp`` ranks (no expert
 parallelism: ZeRO shards its optimizer states like any other weight; notebook 10 shows expert
 parallelism) and across the ``tp`` ranks (every ``tp`` rank computes it on the same replicated input);
 no load-balancing loss is added (its routing is top-k without capacity limits, so no token drops).

@@ -781,7 +781,8 @@ def layout_step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, byt
 
     * ``compute``: ``m`` micro-batches of the stage's share of the training FLOPs
       (:func:`course_lib.estimate.gpt_training_flops` / (tp pp)) at ``peak_flops * efficiency``;
-      recomputation is not counted (selective recomputation costs ~2-4 %, Korthikanti et al.);
+      recomputation is not counted (selective recomputation adds s / (3 (6h + s)) of a step, 0.9 % for
+      GPT-3 175B at s = 2048; Korthikanti et al. §5 quote 2.7 %, the same FLOPs relative to the forward);
     * ``tp``: the first stage's all-reduces per micro-batch (4 per layer and the embedding's), alpha-beta
       (notebook 03, :func:`course_lib.tensor_parallel.tp_comm_seconds`) on NVLink when the tp group is
       inside a node, else on the network;

@@ -678,9 +678,16 @@ def split_microbatches(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
 
 
 def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor | None = None,
-                repeats: int = 3) -> list[float]:
+                repeats: int = 5, loops: int = 10) -> list[float]:
     """The cost of each layer of ``model``: its parameter count (``by="params"``) or its measured
-    forward + backward seconds on ``example`` (``by="time"``, the median of ``repeats`` runs)."""
+    forward + backward seconds on ``example`` (``by="time"``).
+
+    Timing a sub-millisecond layer once measures the timer and the scheduler, not the layer, so
+    ``by="time"`` first runs the whole model once untimed (allocations, kernel selection), then times
+    each layer ``loops`` times in a row per measurement, and returns the median over ``repeats``
+    measurements of the mean per pass. The Python and autograd overhead of a pass (tens of
+    microseconds) is part of what is measured: for tiny layers it is most of it, as it is for a
+    pipeline stage that runs them."""
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"partitioning needs an nn.Sequential (a model that is a list of layers), got "
                         f"{type(model).__name__}; wrap your layers in nn.Sequential(...)")
@@ -690,16 +697,22 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
         raise ValueError(f"by must be 'params' or 'time', got {by!r}")
     if example is None:
         raise ValueError("by='time' measures each layer on an input: pass example=<a batch for the model>")
+    repeats, loops = _check_pos_int("repeats", repeats), _check_pos_int("loops", loops)
+    inputs, x = [], example
+    for layer in model:                          # the warm-up pass, which also gives each layer its input
+        x = x.detach().requires_grad_(x.is_floating_point())
+        inputs.append(x)
+        y = layer(x)
+        y.float().sum().backward()
+        x = y
     costs = [[] for _ in model]
-    for _ in range(_check_pos_int("repeats", repeats)):
-        x = example
+    for _ in range(repeats):
         for k, layer in enumerate(model):
-            x = x.detach().requires_grad_(x.is_floating_point())
+            x = inputs[k]
             t0 = time.perf_counter()
-            y = layer(x)
-            y.float().sum().backward()
-            costs[k].append(time.perf_counter() - t0)
-            x = y
+            for _ in range(loops):
+                layer(x).float().sum().backward()
+            costs[k].append((time.perf_counter() - t0) / loops)
     return [sorted(c)[len(c) // 2] for c in costs]
 
 
