@@ -22,14 +22,16 @@ Three pieces, all with the semantics of ``torch.utils.checkpoint``:
 
 Both recomputing versions restore the RNG state of the forward before re-running ``fn`` (so dropout
 draws the same masks) inside ``torch.random.fork_rng`` (so the global RNG ends where an
-un-checkpointed run leaves it). Autocast state is not replayed: call them outside or inside autocast
-consistently. Selective recomputation (Korthikanti et al. 2022, §5) checkpoints only the attention
+un-checkpointed run leaves it), and both replay the forward's autocast state (the standard AMP pattern
+runs the forward under ``torch.autocast`` and the backward outside it; the recomputation must still
+compute in bf16/fp16, as ``torch.utils.checkpoint`` records the autocast state for). Selective recomputation (Korthikanti et al. 2022, §5) checkpoints only the attention
 core: :func:`attention_core` and :class:`TransformerBlock` with ``recompute="selective"``.
 Checkpointing is per device: nothing here communicates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -61,6 +63,24 @@ def _set_rng(state, devices) -> None:
         torch.cuda.set_rng_state(s, d)
 
 
+# --------------------------------------------------------------------------- autocast
+
+def _get_autocast(args) -> list:
+    """The autocast state of the CPU and of the devices of ``args``: ``[(device type, enabled, dtype,
+    cache enabled)]``, to replay around the recomputation (:func:`_autocast`)."""
+    types = ["cpu"] + sorted({a.device.type for a in args if isinstance(a, torch.Tensor)} - {"cpu"})
+    cache = torch.is_autocast_cache_enabled()
+    return [(t, torch.is_autocast_enabled(t), torch.get_autocast_dtype(t), cache) for t in types]
+
+
+def _autocast(state) -> contextlib.ExitStack:
+    """Enter the autocast state :func:`_get_autocast` captured (enabled or not, per device type)."""
+    stack = contextlib.ExitStack()
+    for device_type, enabled, dtype, cache in state:
+        stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache))
+    return stack
+
+
 def _check_fn(fn, name: str = "checkpoint") -> None:
     if not callable(fn):
         raise TypeError(f"{name}(fn, *args): fn must be callable (a module or a function), got "
@@ -76,6 +96,7 @@ class _ReentrantCheckpoint(torch.autograd.Function):
     def forward(ctx, fn, preserve_rng_state, *args):
         ctx.fn, ctx.preserve = fn, preserve_rng_state
         ctx.devices = _rng_devices(args)
+        ctx.autocast = _get_autocast(args)
         if preserve_rng_state:
             ctx.rng = _get_rng(ctx.devices)
         ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
@@ -93,7 +114,7 @@ class _ReentrantCheckpoint(torch.autograd.Function):
         with torch.random.fork_rng(devices=ctx.devices, enabled=ctx.preserve):
             if ctx.preserve:
                 _set_rng(ctx.rng, ctx.devices)
-            with torch.enable_grad():
+            with torch.enable_grad(), _autocast(ctx.autocast):
                 out = ctx.fn(*args)
         outs = out if isinstance(out, tuple) else (out,)
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]
@@ -149,6 +170,7 @@ class _Frame:
         self.saver = _SaveInputs.apply(dummy, *tensors)
         self.devices = _rng_devices(args)
         self.rng = _get_rng(self.devices) if preserve_rng_state else None
+        self.autocast = _get_autocast(args)
         self.n_saved = 0        # tickets handed out in the forward
         self.store = {}         # ticket -> recomputed tensor, until the backward takes it
 
@@ -169,7 +191,8 @@ class _Frame:
         with torch.random.fork_rng(devices=self.devices, enabled=self.preserve):
             if self.preserve:
                 _set_rng(self.rng, self.devices)
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack):
+            with torch.enable_grad(), _autocast(self.autocast), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack):
                 self.fn(*args, **self.kwargs)
         if len(stored) != self.n_saved:
             raise RuntimeError(f"checkpoint: re-running fn saved {len(stored)} tensors but the "
@@ -193,7 +216,8 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, **kwargs):
     * the first ticket the backward unpacks re-runs ``fn`` once (grad on, the forward's RNG state
       restored, so dropout masks are identical) and serves every ticket from that run; each tensor
       is dropped as soon as the backward has taken it;
-    * the global RNG is left where the un-checkpointed run leaves it (``fork_rng``).
+    * the global RNG is left where the un-checkpointed run leaves it (``fork_rng``);
+    * the recomputation runs under the forward's autocast state, whatever the state at the backward.
 
     Any output structure is allowed. Raises ``TypeError`` if ``fn`` is not callable and
     ``RuntimeError`` if an input was modified in place before the backward or if ``fn`` saved a

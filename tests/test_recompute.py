@@ -42,6 +42,30 @@ def test_checkpoint_matches_plain_and_torch_with_dropout(requires_grad):
     assert torch.equal(r0, r1) and torch.equal(r1, r2), "global RNG not left where the plain run leaves it"
 
 
+@pytest.mark.parametrize("which", ["checkpoint", "reentrant"])
+def test_recomputation_replays_the_forwards_autocast(which):
+    """The AMP pattern: forward under autocast, backward outside it. The recomputation must run in
+    bf16 as the forward did (torch.utils.checkpoint records the autocast state for it): equal to the
+    plain run and to torch's checkpoint bit for bit. Recomputing in fp32 gives other gradients (the
+    non-reentrant version notices the dtypes of its saved tensors changing, or differs)."""
+    model = _stack(p=0.0)
+    x = torch.randn(8, 32, requires_grad=True)
+    ours = R.checkpoint if which == "checkpoint" else R.checkpoint_reentrant
+    use_reentrant = which == "reentrant"
+
+    def under_autocast(f):
+        def run(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return f(x).float()
+        return run
+
+    g0, _ = _grads(model, under_autocast(model), x)
+    g1, _ = _grads(model, under_autocast(lambda x: ours(model, x)), x)
+    g2, _ = _grads(model, under_autocast(lambda x: tc.checkpoint(model, x, use_reentrant=use_reentrant)), x)
+    assert _equal(g0, g2), "torch's checkpoint should equal the plain run"
+    assert _equal(g1, g2), "the recomputation did not run under the forward's autocast"
+
+
 def test_without_rng_restore_dropout_masks_differ():
     model = _stack()
     x = torch.randn(8, 32, requires_grad=True)
