@@ -265,7 +265,8 @@ class ExpertParallelMoE(nn.Module):
 
     ``capacity_factor=None`` gives every expert room for all of a rank's tokens (nothing drops: equal to
     :class:`MoELayer` on the concatenated tokens of all ranks). The replicated router's gradient is
-    partial on each rank: average it over the group as data parallelism does (:meth:`sync_router_grad`).
+    partial on each rank and the experts' are summed over every rank's tokens: :meth:`sync_grads` puts both
+on data parallelism's convention (the gradient of the mean over all ranks' tokens).
     """
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, group=None, *,
@@ -330,12 +331,24 @@ class ExpertParallelMoE(nn.Module):
                      "lb_loss": load_balancing_loss(r, 1.0), "z_loss": router_z_loss(r, 1.0)}
         return out.view(shape)
 
-    def sync_router_grad(self) -> None:
-        """Average the replicated router's gradient over the group (each rank saw only its tokens)."""
+    def sync_grads(self) -> None:
+        """Put the gradients on data parallelism's convention, after the backward and before the step.
+
+        Each rank's loss is the mean over its own tokens and data parallelism averages the gradients
+        over the ``n`` ranks: the gradient of the mean over all tokens. The replicated router saw only
+        this rank's tokens, so its gradient is all-reduced and divided by ``n``. An expert's gradient
+        already holds the contributions of every rank's tokens (the all-to-all's backward brought them
+        here): a sum over the ``n`` ranks' losses, ``n`` times the gradient of the mean. It is divided
+        by ``n`` without communication, as Megatron-Core scales expert gradients by ``1 / dp``. Without
+        this, experts would get ``n`` times the gradient that the router and the dense layers get:
+        Adam's update hides that, SGD and gradient clipping do not."""
         g = self.gate.weight.grad
         if g is not None:
             dist.all_reduce(g, group=self.group)
             g /= self.world
+        for p in self.experts.parameters():
+            if p.grad is not None:
+                p.grad /= self.world
 
 
 # --------------------------------------------------------------------------- in a GPT

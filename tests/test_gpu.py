@@ -261,7 +261,7 @@ def moe_case(rank, world_size, builtin):
     x = xs[rank].clone().requires_grad_(True)
     y = ep(x)
     (y * dy[rank]).sum().backward()
-    ep.sync_router_grad()
+    ep.sync_grads()
     xa = xs.reshape(-1, 8).clone().requires_grad_(True)
     ya = full(xa)
     (ya * dy.reshape(-1, 8)).sum().backward()
@@ -270,7 +270,7 @@ def moe_case(rank, world_size, builtin):
         "out": _rel_diff([y], [ya.view(n, 6, 8)[rank]]),
         "dx": _rel_diff([x.grad], [xa.grad.view(n, 6, 8)[rank]]),
         "experts": _rel_diff([p.grad for e in ep.experts for p in e.parameters()],
-                             [p.grad for e in mine for p in e.parameters()]),
+                             [p.grad / n for e in mine for p in e.parameters()]),
         "router": _rel_diff([ep.gate.weight.grad], [full.gate.weight.grad / n]),
     }
     return errs, _devices(p.grad for p in ep.parameters())
