@@ -514,6 +514,9 @@ def all_reduce_sequence_parallel_grads(module: nn.Module, group=None, *, builtin
 class VocabParallelEmbedding(nn.Module):
     """An embedding table split by rows (token ids): rank r holds ids ``[r·V/t, (r+1)·V/t)``.
 
+    Built from scratch it allocates only those ``V/t`` rows (the full table never exists on a rank);
+    :meth:`from_embedding` splits an existing ``nn.Embedding`` (equal to it, for checking).
+
     Each rank looks up the ids it owns, writes zeros for the others, and ``g`` (all-reduce) sums
     the ranks' partial results: ``(B, T)`` ids -> ``(B, T, h)`` on every rank.
     """
@@ -524,9 +527,10 @@ class VocabParallelEmbedding(nn.Module):
         t, r = _size_rank(group)
         self.group, self.builtin, self.num_embeddings = group, builtin, num_embeddings
         self.lo, self.hi = shard_range(num_embeddings, t, r, "vocabulary size")
-        if _full is None:
-            _full = nn.Embedding(num_embeddings, embedding_dim)
-        self.weight = nn.Parameter(_full.weight.detach()[self.lo:self.hi].clone())   # (V/t, h)
+        if _full is None:   # only this rank's rows, initialised as nn.Embedding initialises (N(0, 1))
+            self.weight = nn.Parameter(torch.randn(self.hi - self.lo, embedding_dim))    # (V/t, h)
+        else:
+            self.weight = nn.Parameter(_full.weight.detach()[self.lo:self.hi].clone())   # (V/t, h)
 
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, group=None, **kw) -> "VocabParallelEmbedding":
@@ -544,8 +548,10 @@ class VocabParallelEmbedding(nn.Module):
 
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, lo, group, builtin):
-        # logits: (N, V/t) this rank's vocabulary slice; target: (N,) global ids
+    def forward(ctx, logits, target, lo, group, builtin, ignore_index):
+        # logits: (N, V/t) this rank's vocabulary slice, in any float dtype; target: (N,) global ids
+        ctx.dtype = logits.dtype
+        logits = logits.float()                     # the softmax in fp32, as Megatron-LM computes it
         m = logits.max(dim=-1).values
         if dist.get_world_size(group) > 1:
             with trace.span("all-reduce", "cross-entropy max"):
@@ -558,32 +564,39 @@ class _VocabParallelCE(torch.autograd.Function):
         idx = torch.where(mine, target - lo, torch.zeros_like(target))
         picked = z.gather(-1, idx.unsqueeze(-1)).squeeze(-1) * mine
         picked = _all_reduce(picked, group, builtin, "cross-entropy target logit")  # (N,)
-        ctx.save_for_backward(e / s.unsqueeze(-1), idx, mine)
-        return (s.log() - picked).mean()
+        valid = (target != ignore_index).float()                                    # (N,) 0 for ignored
+        count = valid.sum()
+        ctx.save_for_backward(e / s.unsqueeze(-1), idx, mine, valid, count)
+        return ((s.log() - picked) * valid).sum() / count
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, idx, mine = ctx.saved_tensors
+        softmax, idx, mine, valid, count = ctx.saved_tensors
         g = softmax.clone()
         g.scatter_add_(-1, idx.unsqueeze(-1), -mine.to(g.dtype).unsqueeze(-1))
-        return g * (grad / softmax.shape[0]), None, None, None, None
+        g *= (valid * (grad / count)).unsqueeze(-1)
+        return g.to(ctx.dtype), None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group=None, *,
-                                 builtin: bool = False) -> torch.Tensor:
+                                 builtin: bool = False, ignore_index: int = -100) -> torch.Tensor:
     """Mean cross-entropy when each rank holds only its vocabulary slice of the logits.
 
-    ``logits``: ``(..., V/t)``, rank r's columns ``[r·V/t, (r+1)·V/t)``; ``target``: ``(...)`` global
-    token ids. Three all-reduces of one value per token (max, sum of exponentials, target logit)
-    replace gathering ``(..., V)`` logits (Shoeybi et al. §3: "fuse the output with the cross
-    entropy"); the gradient is ``softmax - onehot`` on each rank's slice, with no communication.
+    ``logits``: ``(..., V/t)``, rank r's columns ``[r·V/t, (r+1)·V/t)``, in any float dtype (the softmax
+    is computed in fp32, as Megatron-LM does for bf16/fp16 logits; the loss is fp32 and the gradient has
+    the logits' dtype); ``target``: ``(...)`` global token ids, where ``ignore_index`` (padding, a
+    prompt's tokens) counts for nothing, as in ``F.cross_entropy``: the mean is over the other tokens.
+    Three all-reduces of one value per token (max, sum of exponentials, target logit) replace gathering
+    ``(..., V)`` logits (Shoeybi et al. §3: "fuse the output with the cross entropy"); the gradient is
+    ``softmax - onehot`` on each rank's slice, with no communication.
     """
     t, r = _size_rank(group)
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)}: target needs "
                          f"the logits' shape without the vocabulary dimension")
     lo = r * logits.shape[-1]
-    return _VocabParallelCE.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), lo, group, builtin)
+    return _VocabParallelCE.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), lo, group, builtin,
+                                  ignore_index)
 
 
 # --------------------------------------------------------------------------- cost model

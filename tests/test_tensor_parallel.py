@@ -159,6 +159,38 @@ def test_vocab_parallel_embedding_and_cross_entropy(cluster):
         assert max(errs) < 1e-6, errs
 
 
+def _vocab_ce_bf16_ignore_case(rank, world_size):
+    """bf16 logits with padding targets (-100): the loss equals F.cross_entropy on the fp32 logits with
+    ignore_index (so the softmax ran in fp32 and the padding counted for nothing), the gradient is bf16
+    and zero on the padded tokens; a fresh VocabParallelEmbedding holds only its V/t rows."""
+    import torch
+    import torch.nn.functional as F
+    from course_lib import tensor_parallel as T
+    torch.manual_seed(0)
+    V = 16
+    lo, hi = T.shard_range(V, world_size, rank)
+    logits = (torch.randn(2, 6, V) * 4).bfloat16()
+    tgt = torch.randint(0, V, (2, 6))
+    tgt[0, :3] = -100                                           # a padded prompt
+    full = logits.float().requires_grad_(True)
+    ref = F.cross_entropy(full.reshape(-1, V), tgt.reshape(-1), ignore_index=-100)
+    ref.backward()
+    mine = logits[..., lo:hi].clone().requires_grad_(True)
+    loss = T.vocab_parallel_cross_entropy(mine, tgt)
+    loss.backward()
+    emb = T.VocabParallelEmbedding(V, 3)
+    return dict(loss=abs(loss.item() - ref.item()), dtype=str(mine.grad.dtype), loss_dtype=str(loss.dtype),
+                grad=(mine.grad.float() - full.grad[..., lo:hi]).abs().max().item(),
+                padded=mine.grad[0, :3].abs().max().item(), rows=tuple(emb.weight.shape))
+
+
+def test_vocab_parallel_cross_entropy_in_fp32_with_ignore_index(cluster):
+    for r in cluster.run(_vocab_ce_bf16_ignore_case):
+        assert r["loss"] < 1e-5 and r["loss_dtype"] == "torch.float32", r   # fp32 rounding of a loss ~4
+        assert r["dtype"] == "torch.bfloat16" and r["grad"] < 1e-2 and r["padded"] == 0.0, r
+        assert r["rows"] == (16 // 4, 3), r
+
+
 def _dtensor_case(rank, world_size):
     """Our TP MLP and sequence-parallel layer norm vs DTensor's parallelize_module on the same weights."""
     import copy
