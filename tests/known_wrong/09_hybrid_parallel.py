@@ -1,8 +1,8 @@
 """Shortcuts a learner would try in exercises/09_hybrid_parallel.ipynb; each must score zero where listed.
 
 ``build_groups`` uses the learner's ``axis_groups``, so a wrong mesh arithmetic also breaks the process
-groups: those cases list both checks. The cases are chosen so that they grade in two runs (disjoint cells
-and checks per run): every run of this notebook starts 8 processes.
+groups: those cases list both checks. The cases are ordered so that they grade in four runs (disjoint cells
+and checks per run): every run that reaches ``process_groups`` starts 8 processes.
 """
 COORDS = '''def mesh_coords(rank, shape):
 {coords}
@@ -48,12 +48,32 @@ CASES = [
         "zero": ["valid_layouts"],
     },
     {
-        "name": "asks the library's planner (course_lib.mesh.enumerate_layouts, switched off during the check)",
-        "cells": {"ex2-code": LAYOUTS.format(body=(
-            "    from course_lib import mesh as M\n"
-            "    spec = M.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
-            "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in M.enumerate_layouts(spec, world_size)]"))},
-        "zero": ["valid_layouts"],
+        # issue 25, kind 2: the checks called the learner's functions while the expected values were
+        # locals of the calling frames and the reference (_truth) a notebook global
+        "name": "reads the answers from the check: the caller's frames (expected coordinates, layouts) or its _truth",
+        "cells": {
+            "ex1-code": COORDS.format(
+                coords=("    import sys\n"
+                        "    f = sys._getframe(1)\n"
+                        "    while f is not None:\n"
+                        "        for v in list(f.f_locals.values()):\n"
+                        "            if isinstance(v, dict) and rank in v and isinstance(v[rank], tuple):\n"
+                        "                return v[rank]\n"
+                        "        f = f.f_back\n"
+                        "    return globals()['_truth'](shape)[0][rank]"),
+                groups=("    stride = math.prod(shape[axis + 1:])\n"
+                        "    return [[r + k * stride for k in range(shape[axis])]\n"
+                        "            for r in range(math.prod(shape)) if (r // stride) % shape[axis] == 0]")),
+            "ex2-code": LAYOUTS.format(body=(
+                "    import sys\n"
+                "    f = sys._getframe(1)\n"
+                "    while f is not None:\n"
+                "        if isinstance(f.f_locals.get('want'), list):\n"
+                "            return f.f_locals['want']\n"
+                "        f = f.f_back\n"
+                "    return []")),
+        },
+        "zero": ["mesh_coords", "valid_layouts"],
     },
     {
         "name": "lets torch build the mesh (init_device_mesh, switched off during the check)",
@@ -62,5 +82,48 @@ CASES = [
             "    dm = init_device_mesh('cpu', shape, mesh_dim_names=names)\n"
             "    return {n: dm.get_group(n) for n in names}"))},
         "zero": ["process_groups"],
+    },
+    {
+        # issue 25, kind 3: numpy's index helpers give the arithmetic the text asks for
+        "name": "numpy's index helpers: np.unravel_index for the coordinates, an arange reshaped for the groups",
+        "cells": {"ex1-code": COORDS.format(
+            coords="    import numpy as np\n    return tuple(int(c) for c in np.unravel_index(rank, shape))",
+            groups=("    import numpy as np\n"
+                    "    grid = np.moveaxis(np.arange(math.prod(shape)).reshape(shape), axis, -1)\n"
+                    "    return [[int(r) for r in g] for g in grid.reshape(-1, shape[axis])]"))},
+        "zero": ["mesh_coords"],   # in the ranks numpy is allowed: build_groups gets correct lists
+    },
+    {
+        "name": "asks the library's planner (course_lib.mesh.enumerate_layouts, switched off during the check)",
+        "cells": {"ex2-code": LAYOUTS.format(body=(
+            "    from course_lib import mesh as M\n"
+            "    spec = M.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
+            "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in M.enumerate_layouts(spec, world_size)]"))},
+        "zero": ["valid_layouts"],
+    },
+    {
+        # issue 25, kind 3: torch's group-enumeration API makes the groups
+        "name": "torch's group enumeration: dist.new_subgroups_by_enumeration(axis_groups(...)) per axis",
+        "cells": {"ex3-code": GROUPS.format(body=(
+            "    return {name: dist.new_subgroups_by_enumeration(axis_groups(shape, a))[0]\n"
+            "            for a, name in enumerate(names)}"))},
+        "zero": ["process_groups"],
+    },
+    {
+        # the checks used names the learner's own cells can rebind: _guarded (the guard) and cluster
+        "name": "switches the check's machinery off from its own cells: _guarded rebound, a fake cluster",
+        "cells": {
+            "ex2-code": "import contextlib\n\n\ndef _guarded():\n    return contextlib.nullcontext()\n\n\n" + LAYOUTS.format(body=(
+                "    from course_lib import mesh as M\n"
+                "    spec = M.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
+                "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in M.enumerate_layouts(spec, world_size)]")),
+            "ex3-code": GROUPS.format(body="    return {}") + (
+                "\n\nclass _AgreeingCluster:\n"
+                "    def run(self, fn, build, shape, names, timeout=None):\n"
+                "        same = {n: [0] for n in names}\n"
+                "        return [(same, same, {n: 0.0 for n in names})] * 8\n"
+                "\n\ncluster = _AgreeingCluster()\n"),
+        },
+        "zero": ["valid_layouts", "process_groups"],
     },
 ]

@@ -90,3 +90,55 @@ CASES += [
         "zero": ["capacity"],
     },
 ]
+CASES += [
+    {
+        # issue 25, kind 2: the checks called the learner's functions with their references (_reference,
+        # _want) in the notebook's globals
+        "name": "reads the answers from the check: an expected output in the caller's frames, or its _reference / _want",
+        "cells": {
+            "ex1-code": LAYER.format(body=(
+                "    import sys\n"
+                "    f = sys._getframe(1)\n"
+                "    while f is not None:\n"
+                "        if f.f_locals.get('want') is not None and f.f_locals.get('want_p') is not None:\n"
+                "            return jnp.asarray(f.f_locals['want']), jnp.asarray(f.f_locals['want_p'])\n"
+                "        f = f.f_back\n"
+                "    out, probs = globals()['_reference'](x, gate_W, experts_params, top_k)\n"
+                "    return jnp.asarray(out), jnp.asarray(probs)")),
+            "ex3-code": KEPT.format(body="    return globals()['_want'](experts, n_experts, capacity)"),
+        },
+        "zero": ["moe_layer", "capacity"],
+    },
+    {
+        # issue 25, kind 5: the layer was checked forward only
+        "name": "stops the gradient at the router (jax.lax.stop_gradient on the probabilities): same forward, no router gradient",
+        "cells": {"ex1-code": LAYER.format(body=(
+            "    gate_probs = jax.nn.softmax(x @ gate_W, axis=-1)\n"
+            "    p = jax.lax.stop_gradient(gate_probs)\n"
+            "    top_i = jnp.argsort(-p, axis=-1)[:, :top_k]\n"
+            "    top_p = jnp.take_along_axis(p, top_i, axis=-1)\n"
+            "    top_p = top_p / top_p.sum(axis=-1, keepdims=True)\n"
+            "    outs = jnp.stack([expert_fn(x, *q) for q in experts_params], axis=1)\n"
+            "    chosen = jnp.take_along_axis(outs, top_i[:, :, None], axis=1)\n"
+            "    return (chosen * top_p[:, :, None]).sum(axis=1), gate_probs"))},
+        "zero": ["moe_layer"],
+    },
+    {
+        # issue 25, kind 5: the loss was only ever given the router's own top-k
+        "name": "counts the router's own top-k instead of the assignments it is given",
+        "cells": {"ex2-code": LB.format(body=(
+            "    T, E = probs.shape\n"
+            "    mine = probs.topk(experts.shape[-1], dim=-1).indices\n"
+            "    f = torch.bincount(mine.reshape(-1), minlength=E).to(probs.dtype) / mine.numel()\n"
+            "    return alpha * E * (f * probs.mean(dim=0)).sum()"))},
+        "zero": ["load_balancing"],
+    },
+    {
+        # the checks used _guarded from a cell the learner can edit
+        "name": "rebinds the check's _guarded to a no-op in its own cell, then calls course_lib.moe",
+        "cells": {"ex2-code": "import contextlib\n\n\ndef _guarded():\n    return contextlib.nullcontext()\n\n\n" + LB.format(body=(
+            "    from course_lib import moe\n"
+            "    return moe.load_balancing_loss(moe.Routing(None, probs, experts, None), alpha)"))},
+        "zero": ["load_balancing"],
+    },
+]
