@@ -277,16 +277,30 @@ def restore_training_state(state: dict, model: torch.nn.Module, optimizer, *, sc
 # ============================================================================ atomic, verified files
 
 def _fsync_dir(path: Path) -> None:
+    """fsync a directory, so that a rename in it survives a power loss. Some file systems (several
+    network file systems, Windows) cannot fsync a directory: that is said once per directory, with the
+    reason, as a warning (the rename is still atomic for readers; only its durability is not promised)."""
     try:
         fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
+    except OSError as exc:
+        _warn_fsync(path, exc)
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        _warn_fsync(path, exc)
     finally:
         os.close(fd)
+
+
+_FSYNC_WARNED: set[str] = set()
+
+
+def _warn_fsync(path: Path, exc: OSError) -> None:
+    if str(path) not in _FSYNC_WARNED:
+        _FSYNC_WARNED.add(str(path))
+        warnings.warn(f"cannot fsync directory {path} ({exc}); renames there are atomic but may not survive "
+                      "a power loss on this file system", RuntimeWarning, stacklevel=3)
 
 
 def _atomic_write_bytes(data: bytes, path: Path, on_chunk: Callable[[int], None] | None = None) -> str:

@@ -449,3 +449,27 @@ def test_goodput_formula_matches_simulation_and_young_daly():
     assert fault.cluster_mtbf_hours(1000, 1e5) == 100
     with pytest.raises(ValueError, match="mtbf_seconds"):
         fault.young_daly_interval(1, 0)
+
+
+def test_a_directory_that_cannot_be_fsynced_is_said_once(tmp_path, monkeypatch):
+    """_fsync_dir used to swallow the error; now a file system that cannot fsync a directory gets one
+    warning naming the directory and the reason, and the save still completes."""
+    import course_lib.fault as F
+
+    def refuse(fd):
+        raise OSError(22, "Invalid argument")
+
+    real = F.os.fsync
+
+    def fsync(fd):                                          # files as usual, directories refused
+        return refuse(fd) if F.os.path.isdir(f"/proc/self/fd/{fd}") else real(fd)
+
+    monkeypatch.setattr(F.os, "fsync", fsync)
+    monkeypatch.setattr(F, "_FSYNC_WARNED", set())
+    with pytest.warns(RuntimeWarning, match=r"cannot fsync directory .*Invalid argument"):
+        F.atomic_save({"x": 1}, tmp_path / "a.pt")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F.atomic_save({"x": 2}, tmp_path / "b.pt")          # the same directory: said once
+    assert torch.load(tmp_path / "b.pt") == {"x": 2}
