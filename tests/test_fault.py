@@ -468,7 +468,6 @@ def test_a_directory_that_cannot_be_fsynced_is_said_once(tmp_path, monkeypatch):
     monkeypatch.setattr(F, "_FSYNC_WARNED", set())
     with pytest.warns(RuntimeWarning, match=r"cannot fsync directory .*Invalid argument"):
         F.atomic_save({"x": 1}, tmp_path / "a.pt")
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         F.atomic_save({"x": 2}, tmp_path / "b.pt")          # the same directory: said once
