@@ -1,6 +1,7 @@
-"""Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`) and others.
+"""Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`) and others, and
+:func:`show`, which prints the source of the library code a notebook discusses.
 
-Every function draws on a matplotlib ``Axes`` (a new one when ``ax`` is ``None``) and returns it,
+Every plotting function draws on a matplotlib ``Axes`` (a new one when ``ax`` is ``None``) and returns it,
 with a title, axis labels that carry units, and a legend.
 """
 
@@ -8,12 +9,28 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
+__all__ = ["show", "plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
 
 # Fixed colours for the two conventional kinds, so compute/comm look the same in every notebook.
 KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange"}
 _EXTRA_COLORS = ["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
                  "tab:cyan", "tab:gray"]
+
+
+def show(*objs, start: str | None = None) -> None:
+    """Print the source of a few short library functions or classes, one after another; with
+    ``start``, each from its first line containing ``start`` (to skip a long docstring)."""
+    import inspect
+
+    parts = []
+    for obj in objs:
+        src = inspect.getsource(obj)
+        if start is not None:
+            if start not in src:
+                raise ValueError(f"{start!r} is not in the source of {getattr(obj, '__qualname__', obj)}")
+            src = src[src.index(start):]
+        parts.append(src)
+    print("\n".join(parts))
 
 
 def _new_ax(ax, figsize):

@@ -112,3 +112,15 @@ def test_plot_timeline_draws_one_row_per_rank():
 def test_plot_timeline_without_events_is_a_clear_error():
     with pytest.raises(ValueError, match="no events"):
         viz.plot_timeline([[], []])
+
+
+def test_show_prints_library_source_from_a_given_line(capsys):
+    from course_lib import viz
+
+    viz.show(viz.show)
+    assert capsys.readouterr().out.startswith("def show(*objs, start")
+    viz.show(viz.show, viz._new_ax, start="    import")
+    out = capsys.readouterr().out
+    assert out.startswith("    import inspect") and "    import matplotlib.pyplot as plt" in out
+    with pytest.raises(ValueError, match="'nowhere' is not in the source of show"):
+        viz.show(viz.show, start="nowhere")
