@@ -514,7 +514,8 @@ def all_reduce_sequence_parallel_grads(module: nn.Module, group=None, *, builtin
 class VocabParallelEmbedding(nn.Module):
     """An embedding table split by rows (token ids): rank r holds ids ``[r·V/t, (r+1)·V/t)``.
 
-    Built from scratch it allocates only those ``V/t`` rows (the full table never exists on a rank);
+    Built from scratch it allocates only those ``V/t`` rows (the full table never exists on a rank), on
+    ``device`` (``None``: torch's default device, as ``nn.Embedding``);
     :meth:`from_embedding` splits an existing ``nn.Embedding`` (equal to it, for checking).
 
     Each rank looks up the ids it owns, writes zeros for the others, and ``g`` (all-reduce) sums
@@ -522,13 +523,13 @@ class VocabParallelEmbedding(nn.Module):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, group=None, *, builtin: bool = False,
-                 _full: nn.Embedding | None = None):
+                 device=None, _full: nn.Embedding | None = None):
         super().__init__()
         t, r = _size_rank(group)
         self.group, self.builtin, self.num_embeddings = group, builtin, num_embeddings
         self.lo, self.hi = shard_range(num_embeddings, t, r, "vocabulary size")
         if _full is None:   # only this rank's rows, initialised as nn.Embedding initialises (N(0, 1))
-            self.weight = nn.Parameter(torch.randn(self.hi - self.lo, embedding_dim))    # (V/t, h)
+            self.weight = nn.Parameter(torch.randn(self.hi - self.lo, embedding_dim, device=device))  # (V/t, h)
         else:
             self.weight = nn.Parameter(_full.weight.detach()[self.lo:self.hi].clone())   # (V/t, h)
 
@@ -551,7 +552,7 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, target, lo, group, builtin, ignore_index):
         # logits: (N, V/t) this rank's vocabulary slice, in any float dtype; target: (N,) global ids
         ctx.dtype = logits.dtype
-        logits = logits.float()                     # the softmax in fp32, as Megatron-LM computes it
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # bf16/fp16 -> fp32, as Megatron
         m = logits.max(dim=-1).values
         if dist.get_world_size(group) > 1:
             with trace.span("all-reduce", "cross-entropy max"):
@@ -583,8 +584,8 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
     """Mean cross-entropy when each rank holds only its vocabulary slice of the logits.
 
     ``logits``: ``(..., V/t)``, rank r's columns ``[r·V/t, (r+1)·V/t)``, in any float dtype (the softmax
-    is computed in fp32, as Megatron-LM does for bf16/fp16 logits; the loss is fp32 and the gradient has
-    the logits' dtype); ``target``: ``(...)`` global token ids, where ``ignore_index`` (padding, a
+    is computed in at least fp32, as Megatron-LM does for bf16/fp16 logits; the loss is fp32 or fp64 and
+    the gradient has the logits' dtype); ``target``: ``(...)`` global token ids, where ``ignore_index`` (padding, a
     prompt's tokens) counts for nothing, as in ``F.cross_entropy``: the mean is over the other tokens.
     Three all-reduces of one value per token (max, sum of exponentials, target logit) replace gathering
     ``(..., V)`` logits (Shoeybi et al. §3: "fuse the output with the cross entropy"); the gradient is
