@@ -988,7 +988,10 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                 saved[(s, i)][2] = g
             else:
                 del saved[(s, i)]
-        else:  # W: the weight gradient of a split backward
+        else:  # W: the weight gradient of a split backward. It walks the stage's graph again from
+            # its output (re-traversing the input-gradient path B took: B + W cost nearly two
+            # backwards on a multi-layer stage); torch's stage_backward_weight starts from the
+            # intermediate gradients B captured instead. The schedule is the same either way.
             x, y, g = saved.pop((s, i))
             params = [q for q in stages[s].parameters() if q.requires_grad]
             with span:
