@@ -56,3 +56,42 @@ CASES = [
         "zero": ["cost_estimate"],
     },
 ]
+
+# Issue 25: settings whose costs are left out or fixed (5), the GPU-hours formula from another module (3), the
+# check's reference read from its frame (2).
+CASES += [
+    {
+        "name": "always ZeRO-1 with selective recomputation (the fastest layout that fits with them)",
+        "cells": {"ex1-code": LAYOUT.format(body=(
+            "    fit = [l for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) if fits(model, cluster, l, 1, 'selective')]\n"
+            "    return min(fit, key=lambda l: step_seconds(model, cluster, l, 1, 'selective')), 1, 'selective'"))},
+        "zero": ["choose_layout"],
+    },
+    {
+        "name": "leaves the costs of full recomputation and ZeRO-3 out (the planner's step time for every setting)",
+        "cells": {"ex1-code": LAYOUT.format(body=(
+            "    cands = [(M.layout_step_time(model, cluster, l)['step'], l, z, r)\n"
+            "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z, r in SETTINGS\n"
+            "             if fits(model, cluster, l, z, r)]\n"
+            "    return min(cands, key=lambda c: c[0])[1:]"))},
+        "zero": ["choose_layout"],
+    },
+    {
+        "name": "course_lib.scaling.compute_budget's GPU-hours (not in course_lib.estimate)",
+        "cells": {"ex2-code": COST.format(body=(
+            "    from course_lib.scaling import compute_budget\n"
+            "    gpu_hours = compute_budget(n_params, tokens, peak_flops, mfu)['gpu_hours']\n")
+                                          + BILL.format(pue=" * pue"))},
+        "zero": ["cost_estimate"],
+    },
+    {
+        "name": "copies the expected bill from the check's frame",
+        "cells": {"ex2-code": COST.format(body=(
+            "    import sys\n"
+            "    f = sys._getframe(1)\n"
+            "    while f is not None and 'want' not in f.f_locals:\n"
+            "        f = f.f_back\n"
+            "    return dict(f.f_locals['want'])"))},
+        "zero": ["cost_estimate"],
+    },
+]
