@@ -85,13 +85,23 @@ CASES += [
         "zero": ["cost_estimate"],
     },
     {
-        "name": "copies the expected bill from the check's frame",
-        "cells": {"ex2-code": COST.format(body=(
-            "    import sys\n"
-            "    f = sys._getframe(1)\n"
-            "    while f is not None and 'want' not in f.f_locals:\n"
-            "        f = f.f_back\n"
-            "    return dict(f.f_locals['want'])"))},
-        "zero": ["cost_estimate"],
+        "name": "a recompute value that is 'full' where memory is counted and 'none' where time is (it reads its callers' frames)",
+        "cells": {"ex1-code": (
+            "class Chameleon:\n"
+            "    def __eq__(self, other):\n"
+            "        import sys\n"
+            "        f, names = sys._getframe(1), set()\n"
+            "        while f is not None:\n"
+            "            names.add(f.f_code.co_name); f = f.f_back\n"
+            "        return other == ('full' if names & {'layout_memory', 'memory_bytes', 'fits'} else 'none')\n"
+            "    __hash__ = object.__hash__\n"
+            "    def __repr__(self):\n        return \"'full'\"\n\n\n"
+            + LAYOUT.format(body=(
+                "    cands = [(step_seconds(model, cluster, l, z, 'none'), l, z)\n"
+                "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z in (0, 1, 2, 3)\n"
+                "             if fits(model, cluster, l, z, 'full')]\n"
+                "    t, l, z = min(cands, key=lambda c: c[0])\n"
+                "    return l, z, Chameleon()")))},
+        "zero": ["choose_layout"],
     },
 ]
