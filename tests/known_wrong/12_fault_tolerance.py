@@ -99,6 +99,16 @@ CASES = [
      "cells": {"ex2-code": MANAGER}, "zero": ["newest_intact"]},
     {"name": "saves straight onto the checkpoint's path (a kill inside the save breaks the last good one)",
      "cells": {"ex1-code": NOT_ATOMIC}, "zero": ["resume_bitwise"]},
+    {"name": "atomic writes through course_lib.fault's private _atomic_write_bytes (not on the old forbid list)",
+     "cells": {"ex1-code": SAVE_LOAD.format(
+         save=("    import io\n    from pathlib import Path\n    from course_lib import fault\n"
+               "    state = {'step': step, 'model': model.state_dict(), 'optimizer': optimizer.state_dict(),\n"
+               "             'scheduler': scheduler.state_dict(), 'sampler': sampler.state_dict(),\n"
+               "             'rng': (torch.get_rng_state(), np.random.get_state(), random.getstate())}\n"
+               "    buf = io.BytesIO(); torch.save(state, buf)\n"
+               "    fault._atomic_write_bytes(buf.getvalue(), Path(path))"),
+         load=NOT_ATOMIC.split("def load_checkpoint(path, model, optimizer, scheduler, sampler):\n")[1].rstrip("\n"))},
+     "zero": ["resume_bitwise"]},
     {"name": "copies the expected value from the check's frames or the notebook's globals",
      "cells": {"ex2-code": PEEK + NEWEST.format(body="    return _peek()"),
                "ex3-code": PEEK + INTERVAL.format(body="    return _peek()")},
