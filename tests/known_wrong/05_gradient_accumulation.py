@@ -35,4 +35,20 @@ CASES = [
             "    optimizer.step()\n    return total\n")},
         "zero": ["accumulation_step"],
     },
+    {
+        "name": "divides by k (wrong for unequal micro-batches), then copies the large-batch weights from the notebook's globals",
+        "cells": {"e4045c5c": HEAD + (
+            "    import sys\n"
+            "    total = 0.0\n"
+            "    for xj, yj in zip(torch.tensor_split(X, k), torch.tensor_split(y, k)):\n"
+            "        loss = loss_fn(model(xj), yj) / k\n        loss.backward()\n        total += loss.item()\n"
+            "    optimizer.step()\n"
+            "    f = sys._getframe(2).f_locals                  # run(): which step of how many\n"
+            "    ref = globals().get('w_big30') if n == 30 else None\n"
+            "    if ref is not None and f.get('step') == f.get('steps', 0) - 1:\n"
+            "        with torch.no_grad():\n"
+            "            torch.nn.utils.vector_to_parameters(ref, model.parameters())\n"
+            "    return total\n")},
+        "zero": ["accumulation_step"],
+    },
 ]

@@ -1,8 +1,10 @@
 """Shortcuts a learner would try in exercises/12_fault_tolerance.ipynb; each must score zero where listed.
 
-Three gradings (one exercise-1 case each, the cells of a run must differ): a checkpoint without the RNG
+Four gradings (one exercise-1 case each, the cells of a run must differ): a checkpoint without the RNG
 states; a "resume" that restarts from scratch (it ends with the right weights, since the run is
-deterministic, but redoes every step: the check counts them); and the library's own training_state.
+deterministic, but redoes every step: the check counts them); the library's own training_state; and a save
+straight onto the checkpoint's path (killed halfway through a save, it leaves a broken file where the last
+good checkpoint was), next to answers copied from the checking code's frames.
 """
 SAVE_LOAD = '''def save_checkpoint(path, model, optimizer, scheduler, sampler, step):
 {save}
@@ -46,6 +48,32 @@ MANAGER = NEWEST.format(body=(
     "    from course_lib.fault import CheckpointManager\n"
     "    return CheckpointManager(directory).latest()"))
 
+NOT_ATOMIC = SAVE_LOAD.format(
+    save=("    state = {'step': step, 'model': model.state_dict(), 'optimizer': optimizer.state_dict(),\n"
+          "             'scheduler': scheduler.state_dict(), 'sampler': sampler.state_dict(),\n"
+          "             'rng': (torch.get_rng_state(), np.random.get_state(), random.getstate())}\n"
+          "    torch.save(state, path)   # straight onto the last good checkpoint"),
+    load=("    state = torch.load(path, weights_only=False)\n"
+          "    model.load_state_dict(state['model']); optimizer.load_state_dict(state['optimizer'])\n"
+          "    scheduler.load_state_dict(state['scheduler']); sampler.load_state_dict(state['sampler'])\n"
+          "    torch.set_rng_state(state['rng'][0]); np.random.set_state(state['rng'][1]); random.setstate(state['rng'][2])\n"
+          "    return state['step']"))
+
+# Looks for the expected value in the frames of whoever called it (the check), then in the notebook's globals.
+PEEK = '''def _peek():
+    import sys
+    f = sys._getframe(2)
+    while f is not None:
+        for name in ("want", "expected", "ref", "best"):
+            if name in f.f_locals:
+                return f.f_locals[name]
+        f = f.f_back
+    for name in ("want", "expected"):
+        if name in globals():
+            return globals()[name]
+    raise LookupError("no answer in reach")
+'''
+
 INTERVAL = '''def checkpoint_interval(save_seconds, gpu_mtbf_hours, n_gpus):
 {body}
 '''
@@ -69,4 +97,20 @@ CASES = [
      "cells": {"ex1-code": LIBRARY}, "zero": ["resume_bitwise"]},
     {"name": "course_lib.fault's CheckpointManager.latest",
      "cells": {"ex2-code": MANAGER}, "zero": ["newest_intact"]},
+    {"name": "saves straight onto the checkpoint's path (a kill inside the save breaks the last good one)",
+     "cells": {"ex1-code": NOT_ATOMIC}, "zero": ["resume_bitwise"]},
+    {"name": "atomic writes through course_lib.fault's private _atomic_write_bytes (not on the old forbid list)",
+     "cells": {"ex1-code": SAVE_LOAD.format(
+         save=("    import io\n    from pathlib import Path\n    from course_lib import fault\n"
+               "    state = {'step': step, 'model': model.state_dict(), 'optimizer': optimizer.state_dict(),\n"
+               "             'scheduler': scheduler.state_dict(), 'sampler': sampler.state_dict(),\n"
+               "             'rng': (torch.get_rng_state(), np.random.get_state(), random.getstate())}\n"
+               "    buf = io.BytesIO(); torch.save(state, buf)\n"
+               "    fault._atomic_write_bytes(buf.getvalue(), Path(path))"),
+         load=NOT_ATOMIC.split("def load_checkpoint(path, model, optimizer, scheduler, sampler):\n")[1].rstrip("\n"))},
+     "zero": ["resume_bitwise"]},
+    {"name": "copies the expected value from the check's frames or the notebook's globals",
+     "cells": {"ex2-code": PEEK + NEWEST.format(body="    return _peek()"),
+               "ex3-code": PEEK + INTERVAL.format(body="    return _peek()")},
+     "zero": ["newest_intact", "checkpoint_interval"]},
 ]

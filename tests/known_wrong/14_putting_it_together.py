@@ -56,3 +56,52 @@ CASES = [
         "zero": ["cost_estimate"],
     },
 ]
+
+# Issue 25: settings whose costs are left out or fixed (5), the GPU-hours formula from another module (3), the
+# check's reference read from its frame (2).
+CASES += [
+    {
+        "name": "always ZeRO-1 with selective recomputation (the fastest layout that fits with them)",
+        "cells": {"ex1-code": LAYOUT.format(body=(
+            "    fit = [l for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) if fits(model, cluster, l, 1, 'selective')]\n"
+            "    return min(fit, key=lambda l: step_seconds(model, cluster, l, 1, 'selective')), 1, 'selective'"))},
+        "zero": ["choose_layout"],
+    },
+    {
+        "name": "leaves the costs of full recomputation and ZeRO-3 out (the planner's step time for every setting)",
+        "cells": {"ex1-code": LAYOUT.format(body=(
+            "    cands = [(M.layout_step_time(model, cluster, l)['step'], l, z, r)\n"
+            "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z, r in SETTINGS\n"
+            "             if fits(model, cluster, l, z, r)]\n"
+            "    return min(cands, key=lambda c: c[0])[1:]"))},
+        "zero": ["choose_layout"],
+    },
+    {
+        "name": "course_lib.scaling.compute_budget's GPU-hours (not in course_lib.estimate)",
+        "cells": {"ex2-code": COST.format(body=(
+            "    from course_lib.scaling import compute_budget\n"
+            "    gpu_hours = compute_budget(n_params, tokens, peak_flops, mfu)['gpu_hours']\n")
+                                          + BILL.format(pue=" * pue"))},
+        "zero": ["cost_estimate"],
+    },
+    {
+        "name": "a recompute value that is 'full' where memory is counted and 'none' where time is (it reads its callers' frames)",
+        "cells": {"ex1-code": (
+            "class Chameleon:\n"
+            "    def __eq__(self, other):\n"
+            "        import sys\n"
+            "        f, names = sys._getframe(1), set()\n"
+            "        while f is not None:\n"
+            "            names.add(f.f_code.co_name); f = f.f_back\n"
+            "        return other == ('full' if names & {'layout_memory', 'memory_bytes', 'fits'} else 'none')\n"
+            "    __hash__ = object.__hash__\n"
+            "    def __repr__(self):\n        return \"'full'\"\n\n\n"
+            + LAYOUT.format(body=(
+                "    cands = [(step_seconds(model, cluster, l, z, 'none'), l, z)\n"
+                "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z in (0, 1, 2, 3)\n"
+                "             if fits(model, cluster, l, z, 'full')]\n"
+                "    t, l, z = min(cands, key=lambda c: c[0])\n"
+                "    return l, z, Chameleon()")))},
+        "zero": ["choose_layout"],
+    },
+]
