@@ -691,12 +691,15 @@ def enumerate_layouts(model: ModelSpec, world_size: int, micro_batches: Iterable
 
 
 def layout_memory(model: ModelSpec, layout: Layout, zero_stage: int = 1, sequence_parallel: bool = True,
-                  recompute: str = "selective") -> dict:
+                  recompute: str = "selective", grad_bytes: int = 4) -> dict:
     """Predicted bytes on the busiest GPU (the first pipeline stage) with mixed-precision Adam:
 
     * model states (notebook 06): :func:`course_lib.estimate.zero_model_state_bytes` of the parameters
-      split ``tp * pp`` ways, with ZeRO ``zero_stage`` over the ``dp`` replicas (1: Megatron's
-      distributed optimizer);
+      split ``tp * pp`` ways, with ZeRO ``zero_stage`` over the ``dp`` replicas, and ``grad_bytes`` per
+      gradient value: 4 for Megatron-LM's fp32 main gradients (bf16 parameters, gradients accumulated
+      and reduced in fp32: its distributed optimizer, ``zero_stage=1``, holds ``6 + 12/d`` bytes per
+      parameter, Megatron-Core's distributed-optimizer docs), 2 for the ZeRO paper's accounting
+      (``2 + 2 + 12/d``);
     * activations (notebook 01 / 07, Korthikanti et al. 2022 Table 2): per layer and micro-batch
       :func:`course_lib.estimate.activation_bytes_per_layer`; under 1F1B the first stage holds
       ``min(pp, m)`` micro-batches of its ``L / pp`` layers (Korthikanti §4.2.3: ``L`` layers' worth
@@ -705,7 +708,10 @@ def layout_memory(model: ModelSpec, layout: Layout, zero_stage: int = 1, sequenc
     Returns ``{"parameters", "gradients", "optimizer_states", "activations", "total"}``."""
     from course_lib.estimate import activation_bytes_per_layer, zero_model_state_bytes
 
+    if grad_bytes not in (2, 4):
+        raise ValueError(f"grad_bytes is 2 (bf16 gradients) or 4 (fp32 main gradients), got {grad_bytes!r}")
     states = zero_model_state_bytes(model.n_params / (layout.tp * layout.pp), zero_stage, layout.dp)
+    states["gradients"] *= grad_bytes / 2            # zero_model_state_bytes counts 2-byte gradients
     per_layer = activation_bytes_per_layer(model.seq, layout.micro_batch, model.hidden, model.heads,
                                            tp=layout.tp, sequence_parallel=sequence_parallel and layout.tp > 1,
                                            recompute=recompute)
@@ -825,16 +831,17 @@ def layout_step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, byt
 
 def plan_layouts(model: ModelSpec, cluster: ClusterSpec, micro_batches: Iterable[int] | None = (1, 2, 4, 8),
                  zero_stage: int = 1, sequence_parallel: bool = True, recompute: str = "selective",
-                 reserve: float = 0.1) -> list[Layout]:
+                 reserve: float = 0.1, grad_bytes: int = 4) -> list[Layout]:
     """Every valid layout of ``model`` on ``cluster`` (:func:`enumerate_layouts`) with its predicted
     memory (:func:`layout_memory`), traffic (:func:`layout_traffic`) and step time
     (:func:`layout_step_time`); ``fits`` when the memory is within ``(1 - reserve)`` of the GPU's
-    (a share kept for buffers and fragmentation). Sorted: layouts that fit first, fastest first."""
+    (a share kept for buffers and fragmentation). ``grad_bytes`` as in :func:`layout_memory` (default 4:
+    Megatron-LM's fp32 main gradients). Sorted: layouts that fit first, fastest first."""
     if not 0 <= reserve < 1:
         raise ValueError(f"reserve is a fraction of the GPU's memory in [0, 1), got {reserve!r}")
     out = []
     for lay in enumerate_layouts(model, cluster.world_size, micro_batches):
-        lay.memory = layout_memory(model, lay, zero_stage, sequence_parallel, recompute)
+        lay.memory = layout_memory(model, lay, zero_stage, sequence_parallel, recompute, grad_bytes)
         lay.traffic = layout_traffic(model, lay)
         lay.time = layout_step_time(model, cluster, lay)
         lay.fits = lay.memory["total"] <= (1 - reserve) * cluster.memory

@@ -85,7 +85,14 @@ def test_layout_memory_uses_the_notebook_01_and_06_formulas():
                                                    recompute="selective")
     assert mem["optimizer_states"] == pytest.approx(states["optimizer_states"])
     assert mem["activations"] == pytest.approx(act)
-    assert mem["total"] == pytest.approx(sum(states.values()) + act)
+    # Megatron's distributed optimizer: fp32 main gradients, 6 + 12/d bytes per parameter
+    psi = M.GPT3_175B.n_params / 32
+    assert mem["parameters"] + mem["gradients"] + mem["optimizer_states"] == pytest.approx((6 + 12 / 4) * psi)
+    assert mem["total"] == pytest.approx((6 + 12 / 4) * psi + act)
+    paper = M.layout_memory(M.GPT3_175B, lay, zero_stage=1, grad_bytes=2)        # ZeRO's 2 + 2 + 12/d
+    assert paper["total"] == pytest.approx(sum(states.values()) + act) == pytest.approx((4 + 12 / 4) * psi + act)
+    with pytest.raises(ValueError, match="grad_bytes is 2"):
+        M.layout_memory(M.GPT3_175B, lay, grad_bytes=3)
     # fewer micro-batches than stages: only m are in flight
     few = M.layout_memory(M.GPT3_175B, M.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=2))
     assert few["activations"] == pytest.approx(act / 2)
