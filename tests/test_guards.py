@@ -160,8 +160,8 @@ def test_catching_the_error_or_switching_the_hook_off_still_fails(lib):
         except Exception:
             pass
     refused(forbid(lib.answer, why="no"), swallow, match="caught")
-    refused(forbid(lib.answer, why="no"), lambda: sys.setprofile(None), match="switched off")
-    assert sys.getprofile() is None and lib.answer(1) == 2
+    refused(forbid(lib.answer, why="no"), lambda: sys.settrace(None), match="switched off")
+    assert sys.gettrace() is None and lib.answer(1) == 2
 
 
 def test_threads_started_inside_the_block_are_guarded(lib):
@@ -191,7 +191,17 @@ def test_guards_nest_and_reenter(lib):
     with outer:
         refused(inner, lambda: lib.unrelated(1), match="inner")
     refused(outer, lambda: refused(inner, lambda: lib.answer(1)), match="outer")
-    assert lib.answer(1) == 2 and sys.getprofile() is None
+    assert lib.answer(1) == 2 and sys.gettrace() is None
+
+
+def test_a_package_target_blocks_its_modules_but_not_the_guard_itself():
+    import course_lib.estimate as E
+    guard = forbid("course_lib", why="no library")
+    refused(guard, lambda: E.model_state_bytes(10))
+    with guard:                                      # entering and leaving runs guards.py: allowed
+        with forbid("course_lib.grading", why="nested"):
+            pass
+    assert E.model_state_bytes(10)
 
 
 def test_bad_targets_are_refused():

@@ -22,8 +22,9 @@ Targets of :class:`forbid`, and why aliases and copies cannot get round them:
   as d; d.all_reduce``, ``ProcessGroup.allreduce``, functional collectives, DTensor) ends in the operator,
   which a ``TorchDispatchMode`` intercepts. This is how torch collectives are forbidden.
 * a module, class or function (by dotted name, or the object): blocked by **what runs**. While the block
-  is active a profile hook (``sys.setprofile``, also in threads started inside the block) looks at every
-  Python function that starts executing and raises when its code is the target's: for a module, any
+  is active a trace function (``sys.settrace``, also in threads started inside the block; in every thread
+  on Python >= 3.12) looks at every Python function that starts executing and raises when its code is the
+  target's: for a module, any
   function whose code comes from the module's source file (a package: any file under its folder); for a
   class, its methods (and those of its bases from the same module); for a function, that function (the
   one it wraps, ``__wrapped__``, rather than a generic decorator's wrapper) and the functions defined
@@ -36,9 +37,10 @@ Targets of :class:`forbid`, and why aliases and copies cannot get round them:
 
 A forbidden call raises :class:`ForbiddenAPIError` (an ``AssertionError``, so the grader scores it as a
 failed check) naming the API and saying ``why``. Catching it does not help: leaving the block raises it
-again, as does leaving it after the hook was removed (``sys.setprofile(None)``). Intercepting operators
-runs every torch operation in the block through Python, and the profile hook adds about a microsecond to
-every call: fine for the small tensors of a check.
+again, as does leaving it after the hook was removed (``sys.settrace(None)``). Intercepting operators
+runs every torch operation in the block through Python, and the trace function adds about a microsecond
+to every Python call (a TinyMLP Adam step takes about 3x as long inside the block): fine for the small
+work of a check, so keep the block around the learner's call only.
 """
 
 from __future__ import annotations
@@ -138,8 +140,10 @@ class _CodeRules:
 _active: list[_CodeRules] = []                 # innermost last
 _verdicts: dict[int, tuple[types.CodeType, Any]] = {}
 _realpaths: dict[str, str] = {}
-_hook_state: dict[str, Any] = {}               # while installed: "chained", "thread", "all_threads"
+_hook_state: dict[str, Any] = {}               # while installed: "thread", "all_threads"
+_chained: list = [None]                        # a trace function that was active before (a debugger's)
 _tripped = [0]                                 # forbidden calls refused so far (CPython then drops the hook)
+_SELF = os.path.realpath(__file__)             # the guards' own code always runs (forbid("course_lib") too)
 
 
 def _real(path: str) -> str:
@@ -158,6 +162,8 @@ def _judge(code: types.CodeType):
     if not code.co_flags & _CO_OPTIMIZED:
         return None
     path, qual = _real(code.co_filename), code.co_qualname
+    if path == _SELF:
+        return None
     for rules in reversed(_active):
         label = rules.files.get(path)
         if label is None:
@@ -178,48 +184,51 @@ def _judge(code: types.CodeType):
     return None
 
 
-def _profile(frame, event, arg):
-    chained = _hook_state.get("chained")
-    if chained is not None:
-        chained(frame, event, arg)
+def _trace(frame, event, arg):
+    """The global trace function while a guard is active: called once per Python frame that starts."""
+    local = _chained[0](frame, event, arg) if _chained[0] is not None else None
     if event != "call":
-        return
+        return local
     code = frame.f_code
     verdict = _verdicts.get(id(code))
     if verdict is None or verdict[0] is not code:
         verdict = _verdicts[id(code)] = (code, _judge(code))
-    if verdict[1] is not None:
-        back = frame.f_back
-        if (back is not None and not back.f_code.co_flags & _CO_OPTIMIZED
-                and back.f_code.co_filename == code.co_filename):
-            return  # the module's own body defining itself (a decorator applied while it loads)
-        rules, label = verdict[1]
-        rules.guard._violations.append(label)
-        _tripped[0] += 1
-        raise ForbiddenAPIError(f"{label} is disabled during this check (whatever name or copy it is "
-                                f"called by): {rules.guard.why}")
+    if verdict[1] is None:
+        return local
+    back = frame.f_back
+    if (back is not None and not back.f_code.co_flags & _CO_OPTIMIZED
+            and back.f_code.co_filename == code.co_filename):
+        return local  # the module's own body defining itself (a decorator applied while it loads)
+    rules, label = verdict[1]
+    rules.guard._violations.append(label)
+    _tripped[0] += 1
+    raise ForbiddenAPIError(f"{label} is disabled during this check (whatever name or copy it is "
+                            f"called by): {rules.guard.why}")
 
 
 def _install_hook() -> None:
-    previous = sys.getprofile()
-    _hook_state.update(chained=previous, thread=getattr(threading, "_profile_hook", None),
-                       all_threads=previous is None and hasattr(threading, "setprofile_all_threads"))
+    # A trace function (not a profile function): it runs once per Python frame, not per C call.
+    previous = sys.gettrace()
+    _chained[0] = previous
+    _hook_state.update(thread=getattr(threading, "_trace_hook", None),
+                       all_threads=previous is None and hasattr(threading, "settrace_all_threads"))
     if _hook_state["all_threads"]:          # Python >= 3.12: also the threads already running
-        threading.setprofile_all_threads(_profile)
+        threading.settrace_all_threads(_trace)
     else:
-        sys.setprofile(_profile)
-        threading.setprofile(_profile)      # threads started inside the block
+        sys.settrace(_trace)
+        threading.settrace(_trace)          # threads started inside the block
 
 
 def _remove_hook() -> bool:
     """Uninstall; True when the hook was still in place in this thread."""
-    intact = sys.getprofile() is _profile
+    intact = sys.gettrace() is _trace
     if _hook_state.get("all_threads"):
-        threading.setprofile_all_threads(None)
+        threading.settrace_all_threads(None)
     else:
-        sys.setprofile(_hook_state.get("chained"))
-    threading.setprofile(_hook_state.get("thread"))
+        sys.settrace(_chained[0])
+    threading.settrace(_hook_state.get("thread"))
     _hook_state.clear()
+    _chained[0] = None
     return intact
 
 
@@ -234,11 +243,11 @@ def _deactivate(rules: _CodeRules) -> bool:
     """Remove ``rules``; True when the hook had been removed behind the guard's back."""
     _active.remove(rules)
     _verdicts.clear()
-    missing = sys.getprofile() is not _profile
+    missing = sys.gettrace() is not _trace
     if not _active:
         missing = not _remove_hook()
     elif missing:
-        sys.setprofile(_profile)   # an inner guard's refusal dropped it (CPython does so when a hook raises)
+        sys.settrace(_trace)   # an inner guard's refusal dropped it (CPython does so when a hook raises)
     return missing and _tripped[0] == rules.tripped_at_start
 
 
@@ -298,6 +307,8 @@ def _module_functions(mod: types.ModuleType) -> list[types.FunctionType]:
             if isinstance(m, types.ModuleType) and (key == mod.__name__ or key.startswith(mod.__name__ + "."))]
     out = []
     for m in mods:
+        if m.__name__ == __name__:                   # the guards themselves always run
+            continue
         for value in list(vars(m).values()):
             if getattr(value, "__module__", None) != m.__name__:
                 continue
@@ -330,6 +341,7 @@ class forbid:
             raise ValueError("forbid: say why (what the learner should do instead), e.g. why='write it with isend/irecv'")
         self.targets, self.why = targets, why
         self._undo: list[Callable[[], None]] | None = None
+        self._built: tuple[_CodeRules, list] | None = None
         self._depth = 0
         self._violations: list[str] = []
 
@@ -343,11 +355,17 @@ class forbid:
         undo: list[Callable[[], None]] = []
         self._violations = []
         try:
-            rules = _CodeRules(self, _tripped[0], {}, [], {}, {})
-            for target in self.targets:
-                if isinstance(target, str) and "::" in target:
-                    continue
-                self._install(target, rules, undo)
+            if self._built is None:  # resolved once per guard: re-entering it (wrap) stays cheap
+                template, builtins = _CodeRules(self, 0, {}, [], {}, {}), []
+                for target in self.targets:
+                    if not (isinstance(target, str) and "::" in target):
+                        self._install(target, template, builtins)
+                self._built = template, builtins
+            template, builtins = self._built
+            rules = _CodeRules(self, _tripped[0], template.files, template.folders, template.names, template.prints)
+            for owner, attr, original, label in builtins:
+                setattr(owner, attr, self._refuser(label))
+                undo.append(lambda owner=owner, attr=attr, original=original: setattr(owner, attr, original))
             if self._ops():
                 def refuse(func, args, kwargs):
                     raise ForbiddenAPIError(f"torch operator {func._schema.name} (whatever Python name calls "
@@ -380,7 +398,7 @@ class forbid:
             raise ForbiddenAPIError(f"{self._violations[0]} was called during this check (and its "
                                     f"ForbiddenAPIError caught): {self.why}")
         if tampered:
-            raise ForbiddenAPIError("the check's guard was switched off (sys.setprofile) during the check: "
+            raise ForbiddenAPIError("the check's guard was switched off (sys.settrace) during the check: "
                                     f"{self.why}")
 
     def wrap(self, fn: Callable) -> Callable:
@@ -392,8 +410,13 @@ class forbid:
         guarded.__doc__ = getattr(fn, "__doc__", None)
         return guarded
 
-    # -- installing one target
-    def _install(self, target: Any, rules: _CodeRules, undo: list) -> None:
+    def _refuser(self, label: str) -> Callable:
+        def refuse(*args, **kwargs):
+            raise ForbiddenAPIError(f"{label} is disabled during this check: {self.why}")
+        return refuse
+
+    # -- resolving one target
+    def _install(self, target: Any, rules: _CodeRules, builtins: list) -> None:
         owner, attr = None, ""
         label = target if isinstance(target, str) else None
         if isinstance(target, str):
@@ -420,11 +443,8 @@ class forbid:
                 self._add_code(fn, label, rules, whole=True)
         elif isinstance(target, types.FunctionType):
             self._add_code(_innermost(target), label, rules, whole=True)
-        elif owner is not None and callable(target):  # a C builtin: replace it where it is looked up
-            def refuse(*args, **kwargs):
-                raise ForbiddenAPIError(f"{label} is disabled during this check: {self.why}")
-            setattr(owner, attr, refuse)
-            undo.append(lambda: setattr(owner, attr, target))
+        elif owner is not None and callable(target):  # a C builtin: replaced where it is looked up, on entry
+            builtins.append((owner, attr, target, label))
         else:
             raise ValueError(f"forbid: cannot disable {label!r} (a {type(target).__name__}); name a function, "
                              "class, module or operator ('ns::op')")
@@ -434,7 +454,7 @@ class forbid:
         """Refuse ``fn``'s code wherever it runs from: its file and qualified name (``whole``: also the
         functions defined inside it), and the fingerprint of it and its inner functions (copies)."""
         code = fn.__code__
-        if whole:
+        if whole and not code.co_filename.startswith("<"):  # generated code ("<string>"): by fingerprint only
             path = _real(code.co_filename)
             rules.names[(path, code.co_qualname)] = label
             rules.names[(path, code.co_qualname + ".")] = label
