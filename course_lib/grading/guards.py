@@ -202,8 +202,9 @@ def _trace(frame, event, arg):
     rules, label = verdict[1]
     rules.guard._violations.append(label)
     _tripped[0] += 1
-    raise ForbiddenAPIError(f"{label} is disabled during this check (whatever name or copy it is "
-                            f"called by): {rules.guard.why}")
+    called = "" if label.endswith(code.co_qualname) else f" ({code.co_qualname} was called)"
+    raise ForbiddenAPIError(f"{label} is disabled during this check{called}, whatever name or copy of it "
+                            f"is used: {rules.guard.why}")
 
 
 def _install_hook() -> None:

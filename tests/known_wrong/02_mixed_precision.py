@@ -2,7 +2,9 @@
 CASES = [
     {
         "name": "calls course_lib.precision.unscale_grads_",
-        "cells": {"7e080906": "def unscale_and_check_(grads, scale):\n    return P.unscale_grads_(grads, scale)\n"},
+        "cells": {"7e080906": (
+            "def unscale_and_check_(grads, scale):\n"
+            "    return P.unscale_grads_(grads, scale)\n")},
         "zero": ["unscale_check"],
     },
     {
@@ -21,7 +23,8 @@ CASES = [
             "def unscale_and_check_(grads, scale):\n"
             "    found_inf = False\n"
             "    for g in grads:\n"
-            "        if g is None:\n            continue\n"
+            "        if g is None:\n"
+            "            continue\n"
             "        found_inf |= not bool(torch.isfinite(g).all())\n"
             "        g.div_(scale)\n"
             "    return found_inf\n")},
@@ -55,10 +58,10 @@ CASES = [
         "zero": ["scaler_update"],
     },
     {
-        "name": "calls course_lib.precision.master_step",
+        "name": "master_step of a reloaded course_lib.precision (kind 1)",
         "cells": {"010c8f65": (
             "def my_master_step(model_params, master_params, optimizer, scaler):\n"
-            "    return P.master_step(model_params, master_params, optimizer, scaler)\n")},
+            "    return __import__('importlib').reload(P).master_step(model_params, master_params, optimizer, scaler)\n")},
         "zero": ["master_step"],
     },
     {
@@ -69,9 +72,11 @@ CASES = [
             "        for p, m in zip(model_params, master_params):\n"
             "            m.grad = None if p.grad is None else p.grad.float()\n"
             "        found_inf = scaler.unscale_([m.grad for m in master_params])\n"
-            "        if not found_inf:\n            optimizer.step()\n"
+            "        if not found_inf:\n"
+            "            optimizer.step()\n"
             "        scaler.update(found_inf)\n"
-            "        for p in model_params:\n            p.grad = None\n"
+            "        for p in model_params:\n"
+            "            p.grad = None\n"
             "    return not found_inf\n")},
         "zero": ["master_step"],
     },
