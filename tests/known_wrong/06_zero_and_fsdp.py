@@ -56,35 +56,6 @@ CASES = [
         "zero": ["zero1_step"],
     },
     {
-        "name": "a second copy of course_lib/zero.py loaded with spec_from_file_location (kind 1)",
-        "cells": {"8f6d9866": (
-            "def zero1_step(flat_param, flat_grad, state, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, group=None):\n"
-            "    \"\"\"One ZeRO-1 Adam step, in place, on every rank of ``group``.\n"
-            "\n"
-            "    flat_param: (Psi,) fp32, this rank's full parameters (identical on every rank); Psi divisible by N.\n"
-            "    flat_grad:  (Psi,) fp32, this rank's gradient of its own mean loss (average it over the ranks).\n"
-            "    state:      a dict this rank keeps between steps (empty at the first step). Keep in it Adam's\n"
-            "                first and second moments for this rank's slice only, plus the step count.\n"
-            "    Afterwards flat_param holds the parameters torch.optim.Adam would give on the full batch.\n"
-            "    \"\"\"\n"
-            "    import torch.distributed as dist\n"
-            "    from course_lib.collectives import ring_all_gather, ring_reduce_scatter\n"
-            "\n"
-            "    import importlib.util\n"
-            "    import course_lib.zero\n"
-            "    spec = importlib.util.spec_from_file_location(\"my_zero\", course_lib.zero.__file__)\n"
-            "    zero_mod = importlib.util.module_from_spec(spec)\n"
-            "    spec.loader.exec_module(zero_mod)\n"
-            "    if not state:\n"
-            "        module = torch.nn.Linear(flat_param.numel(), 1, bias=False)\n"
-            "        state[\"zero\"] = zero_mod.ZeRO(module, 1, lr=lr, betas=betas, eps=eps, group=group)\n"
-            "    z = state[\"zero\"]\n"
-            "    list(z.module.parameters())[0].grad = flat_grad.view(1, -1).clone()\n"
-            "    z.step()\n"
-            "    flat_param.copy_(z.gather_full_parameters()[0].view(-1))\n")},
-        "zero": ["zero1_step"],
-    },
-    {
         "name": "torch's ZeroRedundancyOptimizer taken from its own module, not the rebound name (kind 1)",
         "cells": {"8f6d9866": (
             "def zero1_step(flat_param, flat_grad, state, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, group=None):\n"
