@@ -2,9 +2,7 @@
 CASES = [
     {
         "name": "calls course_lib.precision.unscale_grads_",
-        "cells": {"7e080906": (
-            "def unscale_and_check_(grads, scale):\n"
-            "    return P.unscale_grads_(grads, scale)\n")},
+        "cells": {"7e080906": "def unscale_and_check_(grads, scale):\n    return P.unscale_grads_(grads, scale)\n"},
         "zero": ["unscale_check"],
     },
     {
@@ -23,8 +21,7 @@ CASES = [
             "def unscale_and_check_(grads, scale):\n"
             "    found_inf = False\n"
             "    for g in grads:\n"
-            "        if g is None:\n"
-            "            continue\n"
+            "        if g is None:\n            continue\n"
             "        found_inf |= not bool(torch.isfinite(g).all())\n"
             "        g.div_(scale)\n"
             "    return found_inf\n")},
@@ -72,11 +69,9 @@ CASES = [
             "        for p, m in zip(model_params, master_params):\n"
             "            m.grad = None if p.grad is None else p.grad.float()\n"
             "        found_inf = scaler.unscale_([m.grad for m in master_params])\n"
-            "        if not found_inf:\n"
-            "            optimizer.step()\n"
+            "        if not found_inf:\n            optimizer.step()\n"
             "        scaler.update(found_inf)\n"
-            "        for p in model_params:\n"
-            "            p.grad = None\n"
+            "        for p in model_params:\n            p.grad = None\n"
             "    return not found_inf\n")},
         "zero": ["master_step"],
     },

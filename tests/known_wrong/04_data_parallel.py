@@ -1,40 +1,32 @@
 """Shortcuts a learner would try in exercises/04_data_parallel.ipynb; each must score zero where listed."""
+AVG_HEAD = "def average_gradients(model, group=None):\n    import torch.distributed as dist\n"
+DP_HEAD = "def data_parallel_grad(w, X, y, n_devices):\n"
 CASES = [
     {
         "name": "average_gradients of a reloaded course_lib.data_parallel (kind 1)",
-        "cells": {"dd93cec8": (
-            "def average_gradients(model, group=None):\n"
-            "    import torch.distributed as dist\n"
-            "    from course_lib import data_parallel as dp\n"
-            "    import importlib\n"
+        "cells": {"dd93cec8": AVG_HEAD + (
+            "    import importlib\n    from course_lib import data_parallel as dp\n"
             "    importlib.reload(dp).average_gradients(model, group)\n")},
         "zero": ["average_gradients"],
     },
     {
         "name": "all-reduces but forgets to divide by the world size",
-        "cells": {"dd93cec8": (
-            "def average_gradients(model, group=None):\n"
-            "    import torch.distributed as dist\n"
-            "    for p in model.parameters():\n"
-            "        if p.grad is not None:\n"
+        "cells": {"dd93cec8": AVG_HEAD + (
+            "    for p in model.parameters():\n        if p.grad is not None:\n"
             "            dist.all_reduce(p.grad, group=group)\n")},
         "zero": ["average_gradients"],
     },
     {
         "name": "returns the full-batch gradient (no shards)",
-        "cells": {"fe322051": (
-            "def data_parallel_grad(w, X, y, n_devices):\n"
-            "    if not 1 <= n_devices <= X.shape[0]:\n"
-            "        raise ValueError('bad n_devices')\n"
+        "cells": {"fe322051": DP_HEAD + (
+            "    if not 1 <= n_devices <= X.shape[0]:\n        raise ValueError('bad n_devices')\n"
             "    return grad_fn(w, X, y)\n")},
         "zero": ["jax_loop"],
     },
     {
         "name": "averages the shard gradients without weighting unequal shards",
-        "cells": {"fe322051": (
-            "def data_parallel_grad(w, X, y, n_devices):\n"
-            "    if not 1 <= n_devices <= X.shape[0]:\n"
-            "        raise ValueError('bad n_devices')\n"
+        "cells": {"fe322051": DP_HEAD + (
+            "    if not 1 <= n_devices <= X.shape[0]:\n        raise ValueError('bad n_devices')\n"
             "    grads = [grad_fn(w, Xs, ys) for Xs, ys in zip(jnp.array_split(X, n_devices), jnp.array_split(y, n_devices))]\n"
             "    return jnp.mean(jnp.stack(grads), axis=0)\n")},
         "zero": ["jax_loop"],
