@@ -121,6 +121,13 @@ def test_function_target_blocks_copies_of_its_file(lib, tmp_path):
         assert _load_copy(lib.__file__, "third").unrelated(6) == 1
 
 
+def test_own_code_that_compiles_like_the_library_still_runs(lib):
+    ns = {}
+    exec(compile("def answer(x):\n    return x * 2\n", "<notebook cell>", "exec"), ns)  # the same bytecode
+    with forbid(lib.__name__, why="no"):
+        assert ns["answer"](2) == 4
+
+
 def test_class_target_blocks_bound_methods_staticmethods_and_subclasses(lib):
     bound = lib.Solver().solve
     quick = lib.Solver.quick

@@ -134,7 +134,7 @@ class _CodeRules:
     files: dict[str, str]                      # real path -> label (every function in the file)
     folders: list[tuple[str, str]]             # (real folder path + os.sep, label): a package
     names: dict[tuple[str, str], str]          # (real path, qualname or qualname prefix ending in '.') -> label
-    prints: dict[tuple, str]                   # (qualname, co_code, co_names) -> label
+    prints: dict[tuple, str]                   # _fingerprint(code) -> label
 
 
 _active: list[_CodeRules] = []                 # innermost last
@@ -154,7 +154,9 @@ def _real(path: str) -> str:
 
 
 def _fingerprint(code: types.CodeType) -> tuple:
-    return (code.co_qualname, code.co_code, code.co_names)
+    # The line number too: a copy of the file keeps it, while a notebook's own function that happens to
+    # compile to the same bytecode (a one-line helper, a list comprehension) does not share it.
+    return (code.co_qualname, code.co_firstlineno, code.co_code, code.co_names, code.co_varnames)
 
 
 def _judge(code: types.CodeType):
@@ -437,10 +439,7 @@ class forbid:
             for fn in _module_functions(target):
                 self._add_code(fn, f"{target.__name__}.{fn.__qualname__}", rules, whole=False)
         elif isinstance(target, type):
-            methods = _class_methods(target)
-            if not methods:
-                raise ValueError(f"forbid: class {label!r} has no Python methods to block")
-            for fn in methods:
+            for fn in _class_methods(target):  # none for a class built in C (its construction stays possible)
                 self._add_code(fn, label, rules, whole=True)
         elif isinstance(target, types.FunctionType):
             self._add_code(_innermost(target), label, rules, whole=True)
