@@ -1,10 +1,10 @@
 """Shortcuts a learner would try in exercises/01_compute_and_memory.ipynb; each must score zero where listed."""
 CASES = [
     {
-        "name": "calls course_lib.estimate's transformer_layer_flops",
+        "name": "transformer_layer_flops of a reloaded course_lib.estimate (kind 1)",
         "cells": {"1af529f9": (
             "def transformer_layer_flops(d, n, B):\n"
-            "    return jnp.vectorize(lambda d, n, B: float(E.transformer_layer_flops(int(B), int(n), int(d))))(\n"
+            "    return jnp.vectorize(lambda d, n, B: float(__import__('importlib').reload(E).transformer_layer_flops(int(B), int(n), int(d))))(\n"
             "        jnp.asarray(d), jnp.asarray(n), jnp.asarray(B))\n")},
         "zero": ["layer_flops"],
     },
@@ -17,10 +17,14 @@ CASES = [
         "zero": ["layer_flops", "training_cost"],   # training_cost uses the learner's layer FLOPs
     },
     {
-        "name": "calls course_lib.estimate's activation_bytes_per_layer",
+        "name": "activation_bytes_per_layer of a second copy of course_lib/estimate.py (kind 1)",
         "cells": {"cf22a21b": (
             "def transformer_layer_activation_bytes(d, n, B, heads):\n"
-            "    return jnp.vectorize(lambda d, n, B, a: float(E.activation_bytes_per_layer(int(n), int(B), int(d), int(a))))(\n"
+            "    import importlib.util\n"
+            "    spec = importlib.util.spec_from_file_location('my_estimate', E.__file__)\n"
+            "    E2 = importlib.util.module_from_spec(spec)\n"
+            "    spec.loader.exec_module(E2)\n"
+            "    return jnp.vectorize(lambda d, n, B, a: float(E2.activation_bytes_per_layer(int(n), int(B), int(d), int(a))))(\n"
             "        jnp.asarray(d), jnp.asarray(n), jnp.asarray(B), jnp.asarray(heads))\n")},
         "zero": ["activation_bytes"],
     },
@@ -38,6 +42,20 @@ CASES = [
         "name": "hard-codes the budget answer, rounded",
         "cells": {"6e8a5af5": "answer_billion = 27.0\nprint(answer_billion)"},
         "zero": ["budget_answer"],
+    },
+    {
+        "name": "the parameter count from course_lib.mesh.hybrid_param_count (the same formula in another module) (kind 3)",
+        "cells": {"96cc6f74": (
+            "def training_cost(d, n, B, L, heads, vocab):\n"
+            "    from course_lib.mesh import hybrid_param_count\n"
+            "    params = hybrid_param_count(L, d, vocab, n, tp=1, pp=1)[\"total\"]\n"
+            "    lm_head = 2 * jnp.asarray(B, jnp.float32) * n * d * vocab\n"
+            "    flops = 3 * (L * transformer_layer_flops(d, n, B) + lm_head)\n"
+            "    act = L * transformer_layer_activation_bytes(d, n, B, heads)\n"
+            "    states = 16.0 * params\n"
+            "    return {\"params\": params, \"flops_per_step\": flops, \"activation_bytes\": act,\n"
+            "            \"model_state_bytes\": states, \"total_bytes\": states + act}\n")},
+        "zero": ["training_cost"],
     },
     {
         "name": "6N FLOPs per token instead of counting the layers",
