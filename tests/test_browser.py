@@ -88,6 +88,10 @@ def _skip_reason() -> str | None:
         return f"browser test skipped: JupyterLab not installed in {VENV} (pip install 'course-lib[lab]')"
     if shutil.which("make") is None:
         return "browser test skipped: make not found (the test starts JupyterLab with `make lab-serve`)"
+    import ipywidgets
+    if int(ipywidgets.__version__.split(".")[0]) < 8:
+        return (f"browser test skipped: ipywidgets {ipywidgets.__version__} (Colab's 7.x) displays in Colab and "
+                "the classic notebook; JupyterLab 4 renders ipywidgets 8 only (pip install 'course-lib[lab]')")
     return None
 
 
