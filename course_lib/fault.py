@@ -562,10 +562,6 @@ def agreed_latest(manager: CheckpointManager, *, group=None) -> int | None:
     return choice[0]
 
 
-def _shard_name(rank: int, world_size: int) -> str:
-    return f"shard_{rank:05d}_of_{world_size:05d}.pt"
-
-
 def save_sharded(manager: CheckpointManager, step: int, state: dict, *, group=None,
                  meta: dict | None = None) -> dict:
     """Every rank of ``group`` writes its own shard file in parallel; rank 0 commits the manifest.

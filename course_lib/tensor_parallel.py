@@ -46,7 +46,6 @@ Every layer takes its process group explicitly (``group=None``: the default grou
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
