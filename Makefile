@@ -69,10 +69,10 @@ test: wheel
 	cd $(TEST_RUN) && $(TBIN)/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
 	    $(CURDIR)/tests notebooks
 
-# The supported-versions matrix (README "Supported versions"): Google Colab's stock image (its Python and
+# The supported-versions matrix (CONTRIBUTING.md, "Supported versions"): Google Colab's stock image (its Python and
 # the pins of course_lib.colab.COLAB_IMAGE, with the [test] extra only, so ipywidgets stays 7.7.1) and the
 # newest releases this machine installs, each in its own build/venv-versions-<name> with the course's
-# wheel; library tests and lecture notebooks as in `make test`. Not part of `make test` or CI (README:
+# wheel; library tests and lecture notebooks as in `make test`. Not part of `make test` or CI (CONTRIBUTING.md:
 # how long). COLAB_PYTHON / NEWEST_PYTHON name the interpreters (pyenv: PYENV_VERSION=3.13.0 python3.13).
 COLAB_PYTHON  ?= python3.13
 NEWEST_PYTHON ?= $(PYTHON)
@@ -103,7 +103,7 @@ colab-sync: $(STAMP)
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
-# make test-gpu: the one GPU check, on a machine with at least one CUDA GPU (README: "Instructors"). It runs in
+# make test-gpu: the one GPU check, on a machine with at least one CUDA GPU (INSTRUCTORS.md, "GPUs"). It runs in
 # the current Python, $(PYTHON), with no venv (the GPU image's own CUDA torch and jax), the course imported
 # from this source tree, and stops at the first failing step; every step prints its wall time:
 #   GPUs and environment   nvidia-smi -L; torch sees CUDA; nbval, ipykernel, ipywidgets, cloudpickle import

@@ -245,25 +245,72 @@ def _title(nb: dict) -> str:
     return "(untitled)"
 
 
+WORDS_PER_MINUTE = 200  # the prose column of the path: reading speed for technical prose, roughly
+# the order to take the lectures in: each of 01-09 uses the ones before it, 10-13 need 00-09 and not each
+# other, 14 uses everything
+_WHEN = {"00": "first", **{f"{n:02d}": "in order" for n in range(1, 10)},
+         **{f"{n:02d}": "any order after 09" for n in range(10, 14)}, "14": "last"}
+
+
+def _words(markdown: str) -> int:
+    """Words a reader reads: link targets (URLs, the Colab badge's) are not counted."""
+    return len(re.findall(r"\w+", re.sub(r"\]\([^)]*\)", "]", markdown)))
+
+
+def path_rows(repo: Path) -> list[dict]:
+    """Per lecture: title, words of prose (its markdown cells), lines of code, exercise parts and points."""
+    out = []
+    for lec in sorted(Path(repo, "notebooks").glob("[0-9]*.ipynb")):
+        cells = json.loads(lec.read_text(encoding="utf-8"))["cells"]
+        ex = Path(repo, "exercises", lec.name)
+        checks = []
+        if ex.is_file():
+            for c in json.loads(ex.read_text(encoding="utf-8"))["cells"]:
+                meta = c.get("metadata", {}).get("course")
+                if isinstance(meta, dict) and "grade_id" in meta:
+                    checks.append(int(meta.get("points", 0)))
+        out.append(dict(n=lec.name[:2], file=lec.name, title=_title({"cells": cells}).replace("|", "/"),
+                        words=sum(_words(_source(c)) for c in cells if c["cell_type"] == "markdown"),
+                        code=sum(len(_source(c).splitlines()) for c in cells if c["cell_type"] == "code"),
+                        exercise=ex.is_file(), parts=len(checks), points=sum(checks)))
+    return out
+
+
+def path_table(repo: Path) -> str:
+    """The path through the lectures as a markdown table (README's "The path" and the index page)."""
+    rows = path_rows(repo)
+    lines = ["| # | lecture | when | prose to read | code | exercise |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ex = (f"[{r['parts']} part{'s' if r['parts'] != 1 else ''}, {r['points']} points](exercises/{r['file']})"
+              if r["exercise"] else "—")
+        lines.append(f"| {r['n']} | [{r['title']}](notebooks/{r['file']}) | {_WHEN.get(r['n'], '')} | "
+                     f"{r['words']:,} words, {max(1, round(r['words'] / WORDS_PER_MINUTE))} min | "
+                     f"{r['code']} lines | {ex} |")
+    words = sum(r["words"] for r in rows)
+    lines.append(f"| | all {len(rows)} | | {words:,} words, {words / WORDS_PER_MINUTE / 60:.1f} h | "
+                 f"{sum(r['code'] for r in rows):,} lines | {sum(r['parts'] for r in rows)} parts |")
+    return "\n".join(lines)
+
+
 def index_notebook(repo: Path) -> dict:
-    """The index page: every lecture with its exercise, as a markdown-only notebook."""
-    rows = []
-    for lec in sorted((repo / "notebooks").glob("[0-9]*.ipynb")):
-        title = _title(json.loads(lec.read_text(encoding="utf-8")))
-        ex = repo / "exercises" / lec.name
-        ex_link = f"[exercise](exercises/{lec.name})" if ex.is_file() else "—"
-        rows.append(f"| [{title.replace('|', '/')}](notebooks/{lec.name}) | {ex_link} |")
+    """The index page: the path through the lectures and their exercises, as a markdown-only notebook."""
     text = "\n".join([
         "# Distributed Deep Learning, hands-on: start here",
         "",
-        "Open a lecture (click its name), run it top to bottom (**Run > Run All Cells**), then do its",
-        "exercise: write your code where it says `# YOUR CODE HERE` and run the check cells below it.",
-        "Every lecture runs in about a minute on 2 CPU cores. Grade an exercise yourself with",
-        "`python -m course_lib.grading grade exercises/NN_topic.ipynb` in a terminal.",
+        "Open a lecture (click its name), run it top to bottom (**Run > Run All Cells**, about a minute on",
+        "2 CPU cores) and read it as it runs. Then open its exercise: write your code where it says",
+        "`# YOUR CODE HERE` and run the check cell below it.",
         "",
-        "| lecture | exercise |",
-        "| --- | --- |",
-        *rows,
+        "Take 00 to 09 in order: each uses the ones before it. 10 to 13 need 00-09 but not each other; 14",
+        f"uses everything. The prose column is the notebook's text at {WORDS_PER_MINUTE} words a minute; the code, the",
+        "figures and the exercises take longer.",
+        "",
+        path_table(repo),
+        "",
+        "**Stuck?** Each check says what it ran, what it expected and what came back. Grade yourself as often",
+        "as you like: `python -m course_lib.grading grade exercises/NN_topic.ipynb` in a terminal runs the",
+        "exercise in a fresh kernel, as a grader would. The reference solutions are in `solutions/`: look once",
+        "your own attempt has run against the checks. Symbols and terms: [GLOSSARY.md](GLOSSARY.md).",
         "",
         "This page is written by `python -m course_lib.colab sync`; do not edit it by hand.",
     ])
@@ -314,7 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything is out of date")
     sub.add_parser("pins", help="print Colab's stock image as pip requirements, one per line "
                                 "(`make test-versions` builds its oldest set from them)")
+    t = sub.add_parser("path", help="print the path through the lectures (the README's table)")
+    t.add_argument("--repo", default=".", help="the course repository (default: the current folder)")
     args = p.parse_args(argv)
+    if args.cmd == "path":
+        print(path_table(Path(args.repo)))
+        return 0
     if args.cmd == "pins":
         print(f"python{COLAB_PYTHON}")
         print("\n".join(colab_pins()))

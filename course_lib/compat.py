@@ -1,6 +1,6 @@
 """The one place where the course meets differences between the versions it supports.
 
-The course runs on Google Colab's stock image without upgrading anything (README, "Supported
+The course runs on Google Colab's stock image without upgrading anything (CONTRIBUTING.md, "Supported
 versions": torch >= 2.11, jax >= 0.7.2, ipywidgets >= 7.7) and on the newest releases. Where an API
 was renamed or added between those versions, the course calls the function of the same name here,
 which uses the current API when this install has it and its older equivalent otherwise. The prose of

@@ -2,8 +2,8 @@
 
 One JupyterLab server per run of this file, started the way ``make lab`` starts it (``make lab-serve``
 with ``VENV`` = the environment running the tests, ``LAB_ROOT`` = a temporary folder holding copies of
-START_HERE.ipynb and the lecture notebooks). For every notebook with a widget (``CASES``) Debian's
-chromium, driven by Playwright:
+START_HERE.ipynb and the lecture notebooks). For a notebook with a widget (``CASES``; ``make test`` drives
+the first, ``COURSE_BROWSER=all`` every one) Debian's chromium, driven by Playwright:
 
 1. opens START_HERE.ipynb (the page ``make lab`` lands on) and clicks the notebook's link there;
 2. runs the whole notebook from the UI (menu Run > Run All Cells) and waits until no cell is queued

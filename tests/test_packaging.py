@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 try:
     import tomllib
 except ImportError:  # Python 3.10: pytest depends on tomli there
@@ -70,3 +71,12 @@ def test_every_course_lib_module_named_in_readme_exists():
     for mod in set(re.findall(r"`course_lib\.([a-z_]+)`", readme)):
         path = os.path.join(REPO, "course_lib", mod)
         assert os.path.exists(path + ".py") or os.path.isdir(path), f"README names course_lib.{mod}, which does not exist"
+
+
+def test_readme_shows_the_path_computed_from_the_notebooks():
+    """README's "The path" table is `python -m course_lib.colab path`: its words, lines and points follow the
+    notebooks (regenerate it and paste it in when a notebook changes)."""
+    from course_lib.colab import path_table
+    want = path_table(Path(REPO))
+    assert want in _read("README.md"), (
+        "README's path table is out of date: replace it with the output of `python -m course_lib.colab path`")

@@ -1,4 +1,4 @@
-"""Entry points for `torchrun` and `python -m` demos (see README, "Running on GPUs")."""
+"""Entry points for `torchrun` and `python -m` demos (see INSTRUCTORS.md, "GPUs: the same code with `torchrun`")."""
 
 from __future__ import annotations
 
