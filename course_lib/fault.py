@@ -24,8 +24,10 @@ on, saved periodically, so that a restarted job continues as if nothing had happ
   that maximises goodput is about ``sqrt(2 delta M)`` for a mean time between failures ``M`` (Young 1974;
   Daly 2006 adds higher-order terms).
 
-All files are written with ``torch.save`` and read with ``torch.load(weights_only=False)``: load only
-checkpoints you wrote (a pickle can run code).
+All files are written with ``torch.save`` and read with ``torch.load(weights_only=True)``: tensors,
+numbers, strings and containers only, so a checkpoint file cannot run code when it is loaded (numpy's
+RNG state is kept as a tensor for that reason). A file that holds anything else (an object put in
+``extra``) is refused with a message that says so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import io
 import json
 import math
 import os
+import pickle
 import random
 import signal
 import shutil
@@ -101,7 +104,12 @@ def rng_state() -> dict:
     every CUDA device's generator (``torch.cuda.get_rng_state_all()``, a list in device order) when this
     process uses CUDA. "Uses": CUDA is available *and* initialised; a process that never touched a GPU
     has drawn nothing from them, and asking would initialise CUDA (and take GPU memory) for nothing."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    # numpy's state as a tensor and numbers, so that torch.load(weights_only=True) can read it back
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
+             "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -122,8 +130,11 @@ def set_rng_state(state: dict) -> None:
                                   f"device(s) but this process sees {n}; resume with the same GPUs "
                                   "visible (CUDA_VISIBLE_DEVICES) as the run that saved it")
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    npst = state["numpy"]
+    if isinstance(npst, dict):
+        npst = (npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["gauss"])
+    np.random.set_state(npst)                         # a tuple: numpy's own form, as older checkpoints hold
+    random.setstate(tuple(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -502,7 +513,18 @@ class CheckpointManager:
         if name not in manifest["files"]:
             raise CheckpointError(f"checkpoint step {step} has no file {name!r}; it has "
                                   f"{sorted(manifest['files'])}")
-        return torch.load(self.path(step) / name, map_location="cpu", weights_only=False)
+        return _load(self.path(step) / name)
+
+
+def _load(path: Path):
+    """``torch.load`` of a verified checkpoint file, tensors and plain data only (no code runs)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"{path}: holds an object that is not a tensor, a number, a string or a "
+                              f"container of them, so it is not loaded (a pickle can run code); keep "
+                              f"such values out of the checkpoint or save their state_dict() "
+                              f"({str(err).splitlines()[0][:200]})") from err
 
 
 # ============================================================================ sharded checkpoints
@@ -607,8 +629,7 @@ class ShardedCheckpoint:
 
     def _file(self, name: str) -> dict:
         if name not in self._files:
-            self._files[name] = torch.load(self.manager.path(self.step) / name, map_location="cpu",
-                                           weights_only=False)
+            self._files[name] = _load(self.manager.path(self.step) / name)
             self.files_read.append(name)
         return self._files[name]
 

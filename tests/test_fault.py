@@ -168,6 +168,27 @@ def test_training_state_round_trip_and_rng(tmp_path):
     assert opt2.state_dict()["state"][0]["exp_avg"].equal(opt.state_dict()["state"][0]["exp_avg"])
 
 
+class _Anything:
+    """An object whose unpickling would import and build it: a checkpoint must not hold one."""
+
+
+def test_numpy_and_python_rng_come_back_and_files_load_without_running_code(tmp_path):
+    """Loading is weights_only: numpy's RNG state travels as a tensor; an arbitrary object is refused."""
+    import random
+    import numpy as np
+    m, opt = _state()
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    np.random.seed(3); random.seed(4)
+    mgr.save(1, training_state(m, opt, step=1))
+    want = (np.random.standard_normal(3), random.random())
+    np.random.seed(99); random.seed(99)
+    restore_training_state(mgr.load(), m, opt)
+    assert np.array_equal(np.random.standard_normal(3), want[0]) and random.random() == want[1]
+    mgr.save(2, training_state(m, opt, step=2, extra={"thing": _Anything()}))
+    with pytest.raises(CheckpointError, match="not a tensor, a number, a string"):
+        mgr.load(2)
+
+
 def test_cuda_rng_states_are_saved_and_restored_when_the_process_uses_cuda(monkeypatch):
     """No GPU here: torch.cuda's RNG calls are replaced by stand-ins that hand out and record states."""
     m, opt = _state()                                   # before the stand-ins (manual_seed asks CUDA too)
