@@ -252,9 +252,15 @@ _WHEN = {"00": "first", **{f"{n:02d}": "in order" for n in range(1, 10)},
          **{f"{n:02d}": "any order after 09" for n in range(10, 14)}, "14": "last"}
 
 
-def _words(markdown: str) -> int:
-    """Words a reader reads: link targets (URLs, the Colab badge's) are not counted."""
-    return len(re.findall(r"\w+", re.sub(r"\]\([^)]*\)", "]", markdown)))
+_FOLDED = re.compile(r"<details>.*?</details>", re.S)
+
+
+def _words(markdown: str, folded: bool = False) -> int:
+    """Words a reader reads on the core path (``folded``: only those inside the optional ``<details>``
+    blocks instead); link targets (URLs, the Colab badge's) are not counted."""
+    text = re.sub(r"\]\([^)]*\)", "]", markdown)
+    text = "".join(_FOLDED.findall(text)) if folded else _FOLDED.sub("", text)
+    return len(re.findall(r"\w+", text))
 
 
 def path_rows(repo: Path) -> list[dict]:
@@ -271,6 +277,7 @@ def path_rows(repo: Path) -> list[dict]:
                     checks.append(int(meta.get("points", 0)))
         out.append(dict(n=lec.name[:2], file=lec.name, title=_title({"cells": cells}).replace("|", "/"),
                         words=sum(_words(_source(c)) for c in cells if c["cell_type"] == "markdown"),
+                        folded=sum(_words(_source(c), folded=True) for c in cells if c["cell_type"] == "markdown"),
                         code=sum(len(_source(c).splitlines()) for c in cells if c["cell_type"] == "code"),
                         exercise=ex.is_file(), parts=len(checks), points=sum(checks)))
     return out
@@ -279,15 +286,18 @@ def path_rows(repo: Path) -> list[dict]:
 def path_table(repo: Path) -> str:
     """The path through the lectures as a markdown table (README's "The path" and the index page)."""
     rows = path_rows(repo)
-    lines = ["| # | lecture | when | prose to read | code | exercise |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| # | lecture | when | prose to read (optional deep dives folded) | code | exercise |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ex = (f"[{r['parts']} part{'s' if r['parts'] != 1 else ''}, {r['points']} points](exercises/{r['file']})"
               if r["exercise"] else "—")
         lines.append(f"| {r['n']} | [{r['title']}](notebooks/{r['file']}) | {_WHEN.get(r['n'], '')} | "
-                     f"{r['words']:,} words, {max(1, round(r['words'] / WORDS_PER_MINUTE))} min | "
+                     f"{r['words']:,} words, {max(1, round(r['words'] / WORDS_PER_MINUTE))} min"
+                     + (f" (+{r['folded']:,} folded)" if r["folded"] else "") + " | "
                      f"{r['code']} lines | {ex} |")
     words = sum(r["words"] for r in rows)
-    lines.append(f"| | all {len(rows)} | | {words:,} words, {words / WORDS_PER_MINUTE / 60:.1f} h | "
+    folded = sum(r["folded"] for r in rows)
+    lines.append(f"| | all {len(rows)} | | {words:,} words, {words / WORDS_PER_MINUTE / 60:.1f} h (+{folded:,} folded) | "
                  f"{sum(r['code'] for r in rows):,} lines | {sum(r['parts'] for r in rows)} parts |")
     return "\n".join(lines)
 
