@@ -9,7 +9,8 @@ time, and 120 cases in their own gradings took 8.5 minutes of the suite). The no
 the solution (whose check cells are what the grader restores into every submission) and executed by the
 grader's own runner (``run_nbval``: pytest, nbval and the grader's plugin, the check cells' guards):
 
-1. the solution's code cells up to its last check, without the checks (the set-up: imports, cluster);
+1. the solution's cells up to its last check, checks included (each must pass): the set-up (imports,
+   cluster) and whatever a check cell defines that a later one uses;
 2. for each case: the cells from the first one the case replaces to the last check it lists, with the
    case's sources; each listed check must fail (assertion or error), any other check in that span must
    pass; then the span's code cells again with the solution's sources (the checks not re-run);
@@ -101,9 +102,9 @@ def known_wrong_notebook(name: str, cases: list[dict]) -> tuple[nbformat.Noteboo
         nb.cells.append(_cell(cell, tag, source))
         expect.append(want)
 
-    for k in range(checks[-1]):                       # 1. the set-up, no checks
-        if not grade_id(code[k]):
-            add(code[k], "setup")
+    for k in range(checks[-1] + 1):                   # 1. the solution up to its last check: all pass
+        gid = grade_id(code[k])
+        add(code[k], "setup", None, None if gid is None else (None, gid, "pass"))
     starts = []
     for i, case in enumerate(cases):                  # 2. each case, then the solution's code back
         start = min(where[cid] for cid in case["cells"])
@@ -146,7 +147,7 @@ def run_known_wrong(name: str, cases: list[dict]) -> list[str]:
                 problems.append(f"{name}: code cell {n} ({nb.cells[n].id}) {got}: {what}")
             continue
         case, gid, should = want
-        label = f"{case!r} on {gid}" if case else f"{gid}, re-run with the solution after every case"
+        label = f"{case!r} on {gid}" if case else f"{gid}, run with the solution (first, or again after every case)"
         if should == "fail" and got != "error":
             problems.append(f"{name}: {label}: the check {'passed' if got == 'passed' else got} "
                             "(it must fail: an assertion or an error)" + ("" if got == "passed" else f": {what}"))
@@ -193,7 +194,7 @@ def test_the_runner_reports_a_passing_shortcut_and_a_broken_kernel():
                "zero": ["optimal_allocation"]}
     problems = run_known_wrong(name, [honest, breaker])
     assert any("'the solution itself' on optimal_allocation: the check passed" in p for p in problems), problems
-    assert any("re-run with the solution after every case: must pass" in p for p in problems), problems
+    assert any("run with the solution (first, or again after every case): must pass" in p for p in problems), problems
 
 
 def test_known_wrong_solutions_score_zero_where_listed(known_wrong_problems):

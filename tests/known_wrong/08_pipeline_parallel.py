@@ -60,6 +60,19 @@ CASES = [
         "zero": ["pipeline_step"],
     },
     {
+        # only the hop bytes tell: gradients, loss and the 1F1B order are all right
+        "name": "runs the pipeline in float64 for accuracy (right gradients, twice the bytes on every hop)",
+        "cells": {"ex2-code": (
+            "def pipeline_step(model, x, y, m, group=None):\n"
+            "    import torch.distributed as dist\n"
+            "    p, r = dist.get_world_size(group), dist.get_rank(group)\n"
+            "    model.double()\n"
+            "    stages = P.build_stages(model, P.partition(model, p), [r])\n"
+            "    return P.run_schedule(one_f_one_b(p, m), stages, P.split_microbatches(x.double(), m),\n"
+            "                          P.split_microbatches(y.double(), m), nn.functional.mse_loss, group=group)\n")},
+        "zero": ["pipeline_step"],
+    },
+    {
         "name": "trains the whole model on every rank (right gradients, nothing split)",
         "cells": {"ex2-code": (
             "def pipeline_step(model, x, y, m, group=None):\n"
