@@ -1,7 +1,8 @@
 """Known-wrong solutions: the shortcuts of ``tests/known_wrong/NN_topic.py`` must score zero where listed.
 
 A file of its own (not in test_grading.py) so that pytest-xdist's ``--dist loadfile`` runs these runs on
-one worker while the course's solutions and exercises are graded on the other.
+one worker while the course's exercises are graded on the other. The first pass of every run is the
+solution itself, so this file also proves that every solution scores full marks.
 
 All the cases of one notebook run in one kernel, one after another, the way a learner re-runs a check
 after changing their code (the kernel start, the imports and the cluster start are most of a grading's
@@ -104,7 +105,7 @@ def known_wrong_notebook(name: str, cases: list[dict]) -> tuple[nbformat.Noteboo
 
     for k in range(checks[-1] + 1):                   # 1. the solution up to its last check: all pass
         gid = grade_id(code[k])
-        add(code[k], "setup", None, None if gid is None else (None, gid, "pass"))
+        add(code[k], "setup", None, None if gid is None else ("solution", gid, "pass"))
     starts = []
     for i, case in enumerate(cases):                  # 2. each case, then the solution's code back
         start = min(where[cid] for cid in case["cells"])
@@ -128,8 +129,9 @@ def known_wrong_notebook(name: str, cases: list[dict]) -> tuple[nbformat.Noteboo
     return nb, expect
 
 
-def run_known_wrong(name: str, cases: list[dict]) -> list[str]:
-    """Problems found in one run (empty: every listed check failed, every other one passed)."""
+def run_known_wrong(name: str, cases: list[dict]) -> list[tuple[str, str]]:
+    """Problems found in one run, each ``(kind, message)``: kind ``"solution"`` for the solution's own first
+    pass (a check that fails there fails the solution), ``"case"`` for everything after it."""
     nb, expect = known_wrong_notebook(name, cases)
     workdir = Path(tempfile.mkdtemp(prefix="course-known-wrong-"))
     try:
@@ -142,27 +144,38 @@ def run_known_wrong(name: str, cases: list[dict]) -> list[str]:
         rec = by_cell.get(n, {"outcome": "not_run", "ename": "", "evalue": "the run stopped before it"})
         got = rec["outcome"]
         what = f"{rec.get('ename', '')}: {rec.get('evalue', '')}"
+        kind = "solution" if nb.cells[n].id.startswith("setup-") else "case"
         if want is None:
             if got not in ("passed", "skipped"):
-                problems.append(f"{name}: code cell {n} ({nb.cells[n].id}) {got}: {what}")
+                problems.append((kind, f"{name}: code cell {n} ({nb.cells[n].id}) {got}: {what}"))
             continue
         case, gid, should = want
-        label = f"{case!r} on {gid}" if case else f"{gid}, run with the solution (first, or again after every case)"
+        if case == "solution":
+            label = f"{gid}, with the solution (a fresh kernel, every cell in order)"
+        elif case:
+            label = f"{case!r} on {gid}"
+        else:
+            label = f"{gid}, run with the solution again after every case"
         if should == "fail" and got != "error":
-            problems.append(f"{name}: {label}: the check {'passed' if got == 'passed' else got} "
-                            "(it must fail: an assertion or an error)" + ("" if got == "passed" else f": {what}"))
+            problems.append((kind, f"{name}: {label}: the check {'passed' if got == 'passed' else got} "
+                                   "(it must fail: an assertion or an error)" + ("" if got == "passed" else f": {what}")))
         elif should == "pass" and got != "passed":
-            problems.append(f"{name}: {label}: must pass, {got}: {what}")
+            problems.append((kind, f"{name}: {label}: must pass, {got}: {what}"))
     if code is None:
-        problems.append(f"{name}: the run overran its overall time budget")
+        problems.append(("case", f"{name}: the run overran its overall time budget"))
     return problems
 
 
 @pytest.fixture(scope="session")
-def known_wrong_problems():
+def known_wrong_problems() -> dict[str, list[tuple[str, str]]]:
+    """``{notebook: [(kind, message)]}`` over all its runs (empty lists: nothing wrong)."""
     runs = known_wrong_runs()
     with ThreadPoolExecutor(max_workers=2) as pool:   # each run is its own pytest process and kernel
-        return [p for ps in pool.map(lambda r: run_known_wrong(*r), runs) for p in ps]
+        found = list(pool.map(lambda r: run_known_wrong(*r), runs))
+    out: dict[str, list[tuple[str, str]]] = {}
+    for (name, _), problems in zip(runs, found):
+        out.setdefault(name, []).extend(problems)
+    return out
 
 
 def test_every_exercise_notebook_has_known_wrong_cases():
@@ -192,12 +205,23 @@ def test_the_runner_reports_a_passing_shortcut_and_a_broken_kernel():
     honest = {"name": "the solution itself", "cells": {ex.id: ex.source}, "zero": ["optimal_allocation"]}
     breaker = {"name": "breaks numpy", "cells": {ex.id: ex.source + "\nimport numpy\nnumpy.log = None\n"},
                "zero": ["optimal_allocation"]}
-    problems = run_known_wrong(name, [honest, breaker])
+    problems = [m for _, m in run_known_wrong(name, [honest, breaker])]
     assert any("'the solution itself' on optimal_allocation: the check passed" in p for p in problems), problems
-    assert any("run with the solution (first, or again after every case): must pass" in p for p in problems), problems
+    assert any("run with the solution again after every case: must pass" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("name", [p.stem for p in SOLUTIONS])
+def test_course_solution_scores_full_marks(known_wrong_problems, name):
+    """The solution, run first in each of its notebook's runs (a fresh kernel, every cell in order, the
+    grader's runner and check cells), passes every check: full marks."""
+    if name not in known_wrong_problems:
+        pytest.skip(f"{name} not in COURSE_NOTEBOOKS")
+    bad = [m for kind, m in known_wrong_problems[name] if kind == "solution"]
+    assert not bad, "\n".join(bad)
 
 
 def test_known_wrong_solutions_score_zero_where_listed(known_wrong_problems):
     """Each shortcut fails its listed checks; the other checks of its span, and every check re-run with
     the solution after all cases, pass."""
-    assert not known_wrong_problems, "\n".join(known_wrong_problems)
+    bad = [m for problems in known_wrong_problems.values() for kind, m in problems if kind == "case"]
+    assert not bad, "\n".join(bad)

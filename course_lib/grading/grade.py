@@ -295,13 +295,29 @@ def _pytest_env() -> dict[str, str]:
     return env
 
 
+def _kernel_never_started(records: list[dict]) -> bool:
+    """The kernel died before it answered at all (no cell ran): a start-up failure of the machine, such as
+    two kernels started at once picking the same port, not anything the notebook did."""
+    return bool(records) and all(r["outcome"] == "not_run" for r in records) and \
+        "before replying to kernel_info" in records[0].get("evalue", "")
+
+
 def run_nbval(nb: nbformat.NotebookNode, timeout: float, workdir: Path) -> tuple[list[dict], str, int | None]:
     """Execute ``nb`` under pytest+nbval in ``workdir``; ``(records, pytest output, returncode)``.
 
-    returncode is None when the whole run was stopped (it overran its overall budget).
+    returncode is None when the whole run was stopped (it overran its overall budget). A kernel that dies
+    before answering its first request is started once more (no cell of the notebook had run).
     """
+    records, out, code = _run_nbval_once(nb, timeout, workdir)
+    if _kernel_never_started(records):
+        records, out, code = _run_nbval_once(nb, timeout, workdir)
+    return records, out, code
+
+
+def _run_nbval_once(nb: nbformat.NotebookNode, timeout: float, workdir: Path) -> tuple[list[dict], str, int | None]:
     name = (notebook_name(nb) or "submission") + ".ipynb"
     nb_path, results, ini = workdir / name, workdir / "results.json", workdir / "pytest.ini"
+    results.unlink(missing_ok=True)
     nb_path.write_text(nbformat.writes(nb), encoding="utf-8")
     ini.write_text("[pytest]\naddopts =\n", encoding="utf-8")
     cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", "course_lib.grading.nbval_plugin",
