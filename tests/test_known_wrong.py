@@ -14,7 +14,9 @@ grader's own runner (``run_nbval``: pytest, nbval and the grader's plugin, the c
    cluster) and whatever a check cell defines that a later one uses;
 2. for each case: the cells from the first one the case replaces to the last check it lists, with the
    case's sources; each listed check must fail (assertion or error), any other check in that span must
-   pass; then the span's code cells again with the solution's sources (the checks not re-run);
+   pass; then the span's code cells again with the solution's sources (the checks not re-run). The first
+   case of every notebook is its untouched exercise (the generated ``exercises/NN.ipynb``'s code cells):
+   every check must fail, so an untouched exercise scores zero (its stub cells may raise);
 3. every cell from the first case's span to the end with the solution's sources, checks included: every
    check must pass again, so a case that leaves the kernel, a module or the cluster broken (which could
    make a later case fail for the wrong reason) shows up here.
@@ -67,14 +69,27 @@ def load_known_wrong(path: Path) -> list[dict]:
     return cases
 
 
+def untouched_exercise_case(name: str) -> dict:
+    """The generated exercise as a case: its code cells that differ from the solution's (the stubs), every
+    check listed. (tests/test_grading.py also grades two untouched exercises with the grader itself.)"""
+    sol = {c.id: c for c in solution(name).cells}
+    ex = nbformat.read(str(REPO / "exercises" / f"{name}.ipynb"), as_version=4)
+    cells = {c.id: c.source for c in ex.cells if c.cell_type == "code" and not grade_id(c)
+             and c.id in sol and c.source != sol[c.id].source}
+    assert cells, f"exercises/{name}.ipynb has no stub: run `python -m course_lib.grading build`"
+    gids = [grade_id(c) for c in ex.cells if grade_id(c)]
+    return {"name": "the untouched exercise", "cells": cells, "zero": gids, "stubs": True}
+
+
 def known_wrong_runs() -> list[tuple[str, list[dict]]]:
-    """(notebook, cases) per kernel: one run per notebook, plus one per ``own_kernel`` case."""
+    """(notebook, cases) per kernel: one run per notebook (its untouched exercise first), plus one per
+    ``own_kernel`` case."""
     runs = []
     for path in KNOWN_WRONG:
         if ONLY and not any(path.stem.startswith(n) for n in ONLY):
             continue
         cases = load_known_wrong(path)
-        shared = [c for c in cases if not c.get("own_kernel")]
+        shared = [untouched_exercise_case(path.stem)] + [c for c in cases if not c.get("own_kernel")]
         runs += [(path.stem, shared)] if shared else []
         runs += [(path.stem, [c]) for c in cases if c.get("own_kernel")]
     return runs
@@ -91,7 +106,8 @@ def _cell(cell, tag: str, source: str | None = None) -> nbformat.NotebookNode:
 
 def known_wrong_notebook(name: str, cases: list[dict]) -> tuple[nbformat.NotebookNode, list[tuple]]:
     """The notebook run for ``cases`` (see the module docstring) and, per code cell in run order, what
-    its outcome must be: ``(case name or None, grade id, "fail" | "pass")``, or None for a code cell."""
+    its outcome must be: ``(case name or None, grade id, "fail" | "pass")``, None for a code cell (must
+    run without error) or ``"any"`` for an exercise's stub cell (may raise)."""
     sol = solution(name)
     code = [c for c in sol.cells if c.cell_type == "code"]
     checks = [k for k, c in enumerate(code) if grade_id(c)]
@@ -116,7 +132,8 @@ def known_wrong_notebook(name: str, cases: list[dict]) -> tuple[nbformat.Noteboo
         assert not early, f"{name}: case {case['name']!r} lists {early}, which run before the cells it replaces"
         for k in range(start, end + 1):
             gid = grade_id(code[k])
-            want = None if gid is None else (case["name"], gid, "fail" if gid in case["zero"] else "pass")
+            want = (("any" if case.get("stubs") else None) if gid is None
+                    else (case["name"], gid, "fail" if gid in case["zero"] else "pass"))
             add(code[k], f"case{i}", case["cells"].get(code[k].id), want)
         for k in range(start, end + 1):
             if not grade_id(code[k]):
@@ -145,6 +162,8 @@ def run_known_wrong(name: str, cases: list[dict]) -> list[tuple[str, str]]:
         got = rec["outcome"]
         what = f"{rec.get('ename', '')}: {rec.get('evalue', '')}"
         kind = "solution" if nb.cells[n].id.startswith("setup-") else "case"
+        if want == "any":
+            continue
         if want is None:
             if got not in ("passed", "skipped"):
                 problems.append((kind, f"{name}: code cell {n} ({nb.cells[n].id}) {got}: {what}"))
@@ -195,6 +214,12 @@ def test_a_case_run_fails_where_the_case_should_and_restores_the_solution():
     after = [w[1] for w in expect if w and w[0] is None]
     assert after[-1] == [grade_id(c) for c in solution(name).cells if grade_id(c)][-1]
     assert len(set(ids)) == len(ids)
+    # The untouched exercise: its stub cells may raise, every check must fail.
+    stub = untouched_exercise_case(name)
+    nb, expect = known_wrong_notebook(name, [stub])
+    in_case = [w for c, w in zip(nb.cells, expect) if c.id.startswith("case0-")]
+    assert "any" in in_case and all(w[2] == "fail" for w in in_case if isinstance(w, tuple))
+    assert {w[1] for w in in_case if isinstance(w, tuple)} == set(stub["zero"])
 
 
 def test_the_runner_reports_a_passing_shortcut_and_a_broken_kernel():
