@@ -10,10 +10,13 @@ from the course's own modules and nothing else:
 =========================  ==========================================================  ==============
 technique                   here                                                         notebook
 =========================  ==========================================================  ==============
-BF16 mixed precision        bf16 parameters, gradients, activations and messages; fp32   02, 06
-                            master weights and Adam states; the loss in fp32
+BF16 mixed precision        bf16 parameters, activations and their messages; gradients   02, 06
+                            accumulated and reduced in fp32; fp32 master weights and
+                            Adam states; the loss in fp32
 ZeRO data parallelism       ``ZeRO(stage=1)`` over the ``dp`` group: gradients           04, 06
                             reduce-scattered, Adam on this rank's slice, all-gathered
+gradient clipping           by the global norm over every shard (``clip``), each          04, 06
+                            element counted once
 tensor parallelism          ``ParallelBlock`` / vocabulary-parallel embedding and loss   07
 pipeline parallelism        1F1B over the ``pp`` group, ``micro`` micro-batches          08
 3D layout                   ``Mesh`` / ``init_process_mesh`` / ``HybridGPT``             09
@@ -71,6 +74,7 @@ class Recipe:
     steps: int = 12
     lr: float = 3e-3
     bf16: bool = True
+    clip: float | None = 1.0
     recompute: bool = True
     checkpoint_every: int = 4
     builtin: bool = False
@@ -82,6 +86,10 @@ class Recipe:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Recipe.{k} must be a positive int, got {v!r}")
+        if self.clip is not None and (isinstance(self.clip, bool) or not isinstance(self.clip, (int, float))
+                                      or not self.clip > 0):
+            raise ValueError(f"Recipe.clip must be a positive number (the largest global gradient norm) or "
+                             f"None (no clipping), got {self.clip!r}")
         if self.top_k > self.experts:
             raise ValueError(f"Recipe: top_k={self.top_k} > experts={self.experts}")
         if self.batch % (self.dp * self.micro):
@@ -150,8 +158,9 @@ class Recomputed(nn.Module):
 class FrontierGPT(HybridGPT):
     """:class:`course_lib.mesh.HybridGPT` plus the rest of the recipe (see the module docstring):
     recomputed blocks, an MoE block, and ``ZeRO(stage=1)`` with bf16 parameters over the ``dp`` group
-    as the optimizer. ``train_step(x, y)`` does one step; ``save`` / ``load`` write and read sharded
-    checkpoints (every rank its ZeRO slice, :func:`course_lib.fault.save_sharded`)."""
+    as the optimizer, its gradients accumulated and reduced in fp32, clipped by their global norm.
+    ``train_step(x, y)`` does one step; ``save`` / ``load`` write and read sharded checkpoints (every
+    rank its ZeRO slice, :func:`course_lib.fault.save_sharded`)."""
 
     def __init__(self, model: nn.Module, pmesh: ProcessMesh, recipe: Recipe):
         from course_lib.zero import ZeRO
@@ -159,9 +168,33 @@ class FrontierGPT(HybridGPT):
         super().__init__(model, pmesh, schedule="1f1b", builtin=recipe.builtin)
         dp_group = pmesh.group("dp")
         self.zero = ZeRO(self.module, stage=1, lr=recipe.lr, group=dp_group,
-                         param_dtype=torch.bfloat16 if recipe.bf16 else None, builtin=recipe.builtin,
-                         src=dist.get_global_rank(dp_group, 0))
+                         param_dtype=torch.bfloat16 if recipe.bf16 else None, reduce_dtype=torch.float32,
+                         builtin=recipe.builtin, src=dist.get_global_rank(dp_group, 0))
         self.key = f"stage{self.stage}.tp{pmesh.local_rank('tp')}"
+        self.last_grad_norm: float | None = None
+
+    def counted_elsewhere(self) -> list[nn.Parameter]:
+        """This rank's parameters whose gradient another rank counts in the global norm: on tp ranks
+        other than 0, every parameter tensor parallelism replicates (layer norms, position
+        embedding, row-parallel biases, the MoE layer); on the last stage of a pipeline, its copy of
+        the tied embedding (the first stage counts it). Megatron-LM counts the same way."""
+        from course_lib.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+        sharded = set()
+        for m in self.module.modules():
+            if isinstance(m, (ColumnParallelLinear, VocabParallelEmbedding)):
+                sharded.update(id(p) for p in m.parameters(recurse=False))
+            elif isinstance(m, RowParallelLinear):
+                sharded.add(id(m.weight))
+        tied = {id(p) for p in self._tied()} if self.last and not self.first else set()
+        head = self.module[-1].weight if self.last else None
+        if head is not None:
+            sharded.add(id(head))              # the LM head is the vocabulary-parallel embedding's shard
+        out = []
+        for p in self.parameters():
+            replicated_over_tp = id(p) not in sharded
+            if (replicated_over_tp and self.pmesh.local_rank("tp") != 0) or id(p) in tied:
+                out.append(p)
+        return out
 
     def _shard_block(self, block: nn.Module, tp_group) -> nn.Module:
         from course_lib.moe import MoEBlock
@@ -178,6 +211,10 @@ class FrontierGPT(HybridGPT):
         """One optimizer step on the global batch; returns this replica's loss on last-stage ranks."""
         self.zero.zero_grad()
         loss = self.forward_backward(x, y, self.recipe.micro, sync_dp=False)
+        if self.recipe.clip is not None:
+            norm = self.zero.clip_grad_norm_(self.recipe.clip, norm_group=dist.group.WORLD,
+                                             skip=self.counted_elsewhere())
+            self.last_grad_norm = float(norm)
         self.zero.step()
         return loss
 
@@ -225,7 +262,8 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
     the rank's GPU under NCCL, else the CPU).
 
     Returns ``losses`` (the global mean loss of every step since step 0, carried in the checkpoints),
-    ``resumed_from``, ``seconds`` (per step of this attempt), ``state_bytes`` (this rank's model states
+    ``grad_norms`` (the global gradient norm of each step of this attempt, before clipping; empty
+    without clipping), ``resumed_from``, ``seconds`` (per step of this attempt), ``state_bytes`` (this rank's model states
     after a step), ``n_params`` (this rank's), and at ``measure_step`` ``events``, ``bytes`` and ``peak_bytes``.
     """
     from course_lib import trace
@@ -244,7 +282,8 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
     if agreed_latest(manager) is not None:
         start, extra = h.load(manager)
         losses = list(extra["losses"])
-    out = {"resumed_from": start, "seconds": [], "n_params": sum(p.numel() for p in h.parameters())}
+    out = {"resumed_from": start, "seconds": [], "grad_norms": [],
+           "n_params": sum(p.numel() for p in h.parameters())}
     batches = make_batches(r)
     for i in range(start, r.steps):
         if plan is not None:
@@ -259,6 +298,8 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
         else:
             loss = h.train_step(x, y)
         out["seconds"].append(time.perf_counter() - t0)
+        if h.last_grad_norm is not None:
+            out["grad_norms"].append(h.last_grad_norm)
         losses.append(_mean_loss(loss, h))
         if (i + 1) % r.checkpoint_every == 0 or i + 1 == r.steps:
             h.save(manager, i + 1, {"losses": losses})
@@ -267,22 +308,31 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
     return out
 
 
-def train_reference(recipe: dict | Recipe) -> list[float]:
+def train_reference(recipe: dict | Recipe, *, with_norms: bool = False):
     """The same training in one process, no parallelism: the same model (MoE included), the same
     precision policy (bf16 model, fp32 master weights and Adam via
-    :class:`course_lib.precision.MasterWeightOptimizer`, the loss in fp32), the full batch per step."""
+    :class:`course_lib.precision.MasterWeightOptimizer`, the loss in fp32), the full batch per step,
+    the gradients clipped by their global norm (computed in fp32). Returns the losses, and with
+    ``with_norms`` also the norms before clipping: ``(losses, norms)``."""
     from course_lib.precision import MasterWeightOptimizer
     r = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
     model = make_model(r).to(r.dtype)
     opt = MasterWeightOptimizer(model.parameters(), lambda ps: torch.optim.Adam(ps, lr=r.lr, foreach=False))
-    losses = []
+    losses, norms = [], []
     for x, y in make_batches(r):
         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
+        if r.clip is not None:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = torch.stack([g.float().square().sum() for g in grads]).sum().sqrt()
+            coef = min(1.0, r.clip / (float(norm) + 1e-6))
+            for g in grads:
+                g.mul_(coef)
+            norms.append(float(norm))
         opt.step()
         losses.append(float(loss.detach()))
-    return losses
+    return (losses, norms) if with_norms else losses
 
 
 def step_flops(recipe: dict | Recipe) -> int:

@@ -524,7 +524,8 @@ class HybridGPT:
         out = pipeline.run_schedule(sched, {self.stage: self.module}, xs, ys,
                                     self.loss_fn if self.last else None, self.pmesh.group("pp"))
         for p in self._tied():                          # embedding group: sum the two copies' gradients
-            self._all_reduce(p.grad, self.tied_group)
+            g = getattr(p, "main_grad", None)           # ZeRO(reduce_dtype=...)'s fp32 gradient, if any
+            self._all_reduce(p.grad if g is None else g, self.tied_group)
         if self.dp > 1 and sync_dp:                     # data parallel: one flat bucket, then average
             params = [p for p in self.parameters() if p.grad is not None]
             flat = torch.cat([p.grad.reshape(-1) for p in params])

@@ -47,13 +47,20 @@ backward see the re-gathered values.
 Communication goes through the course's own ring collectives (:mod:`course_lib.collectives`,
 recorded by :mod:`course_lib.trace`), or through the ``torch.distributed`` built-ins with
 ``builtin=True`` (faster; then nothing is recorded). Mixed precision (``param_dtype=torch.bfloat16``)
-computes and communicates in bf16 and keeps an fp32 master slice for Adam (ZeRO §3.1; FSDP2's
-``MixedPrecisionPolicy(param_dtype=...)``).
+computes in bf16 and keeps an fp32 master slice for Adam (ZeRO §3.1; FSDP2's
+``MixedPrecisionPolicy(param_dtype=...)``). The gradients are accumulated over micro-batches and
+reduced in ``reduce_dtype`` (default: ``param_dtype``, as the ZeRO paper's 2-byte gradients):
+``reduce_dtype=torch.float32`` is what production runs use (FSDP2's ``reduce_dtype``, Megatron-LM's
+fp32 "main gradients"), at twice the gradient bytes; in stages 0-1 every parameter then has a
+``main_grad`` attribute, an fp32 view into the flat gradient buffer, into which each backward's bf16
+``.grad`` is added and then dropped (Megatron-LM's name and scheme). :meth:`ZeRO.clip_grad_norm_`
+clips by the global norm of the gradients, every element counted once across the shards.
 
 Frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them, as in DDP.
 Tied parameters (one tensor registered twice) are sharded once. A unit must run at most once per
-forward. Not covered: gradient clipping by global norm, CPU offload (ZeRO-Offload), activation
-partitioning (ZeRO-R, §6).
+forward. Not covered: CPU offload (ZeRO-Offload), activation partitioning (ZeRO-R, §6), and
+activation checkpointing around stage-3 units (the re-run forward would fire the unit's gather and
+free hooks a second time; FSDP handles that pairing, which production uses by default).
 """
 
 from __future__ import annotations
@@ -136,6 +143,9 @@ class ZeRO(nn.Module):
         units: the submodules to gather one at a time (:func:`default_units` when ``None``).
         param_dtype: e.g. ``torch.bfloat16`` for mixed precision (compute, gradients and
             communication in bf16, fp32 master slice); ``None`` keeps the parameters' fp32.
+        reduce_dtype: the dtype gradients are accumulated over micro-batches and reduced in
+            (``None``: ``param_dtype``); ``torch.float32`` with bf16 parameters keeps fp32 gradients
+            (and sends twice the bytes), see the module docstring.
         builtin: use ``dist.all_gather_single`` / ``reduce_scatter_single`` / ``all_reduce``
             instead of the course's ring (faster; not recorded by ``course_lib.trace``).
         prefetch: stage 3: issue the next unit's all-gather while the current one computes.
@@ -151,8 +161,8 @@ class ZeRO(nn.Module):
 
     def __init__(self, module: nn.Module, stage: int, *, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, group=None, units=None,
-                 param_dtype: torch.dtype | None = None, builtin: bool = False,
-                 prefetch: bool = True, src: int = 0):
+                 param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                 builtin: bool = False, prefetch: bool = True, src: int = 0):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"ZeRO wraps an nn.Module, got {type(module).__name__}")
@@ -177,15 +187,18 @@ class ZeRO(nn.Module):
             raise ValueError(f"world_size={self.world_size} is larger than the model's {n_total} "
                              f"trainable parameters, so some ranks would own nothing; use a group of "
                              f"at most {n_total} ranks or a larger model")
-        if param_dtype is not None and (not isinstance(param_dtype, torch.dtype)
-                                        or not param_dtype.is_floating_point):
-            raise TypeError(f"param_dtype must be a floating torch.dtype such as torch.bfloat16, "
-                            f"got {param_dtype!r}")
+        for name, dt in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if dt is not None and (not isinstance(dt, torch.dtype) or not dt.is_floating_point):
+                raise TypeError(f"{name} must be a floating torch.dtype such as torch.bfloat16 or "
+                                f"torch.float32, got {dt!r}")
         self.module, self.stage, self.group = module, stage, group
         self.builtin, self.prefetch = bool(builtin), bool(prefetch)
         self.master_dtype, self.device = params[0].dtype, params[0].device
         self.param_dtype = param_dtype or self.master_dtype
         self.mixed = self.param_dtype != self.master_dtype
+        self.reduce_dtype = reduce_dtype or self.param_dtype
+        # stages 0-1 with another reduce dtype: .grad (param dtype) is added into main_grad, then dropped
+        self.main_grads = stage <= 1 and self.reduce_dtype != self.param_dtype
         broadcast_parameters(module, src=src, group=group)
 
         # -- units: layers first claim their parameters, the root takes the rest --
@@ -214,6 +227,10 @@ class ZeRO(nn.Module):
                 for p in u.params:
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda p, u=u: self._on_grad_ready(u)))
+        elif self.main_grads:
+            for u in self.units:
+                for p in u.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._to_main_grad))
         if stage == 3:
             for u in self.units:
                 if u is not self.root:
@@ -239,9 +256,13 @@ class ZeRO(nn.Module):
             # fp32: Adam updates the slice in place; mixed: a separate fp32 master slice
             u.master = nn.Parameter(master_full[u.lo:u.hi].clone() if self.mixed else u.shard)
             if self.stage <= 1:
-                u.grad_full = torch.zeros(u.padded, dtype=self.param_dtype, device=self.device)
+                u.grad_full = torch.zeros(u.padded, dtype=self.reduce_dtype, device=self.device)
                 for p, off in zip(u.params, u.offsets):
-                    p.grad = u.grad_full[off:off + p.numel()].view(p.shape)
+                    view = u.grad_full[off:off + p.numel()].view(p.shape)
+                    if self.main_grads:
+                        p.main_grad = view     # Megatron-LM's name: the fp32 gradient of p
+                    else:
+                        p.grad = view
         if self.mixed:
             for p in self.frozen:
                 p.data = p.data.to(self.param_dtype)
@@ -327,8 +348,14 @@ class ZeRO(nn.Module):
             self._free(u)
 
     @torch.no_grad()
+    def _to_main_grad(self, p: nn.Parameter) -> None:
+        """Stages 0-1 with ``main_grads``: add this backward's ``.grad`` into ``p.main_grad``, drop it."""
+        p.main_grad.add_(p.grad)
+        p.grad = None
+
+    @torch.no_grad()
     def _launch_reduce(self, u: _Unit) -> None:
-        flat = torch.zeros(u.padded, dtype=self.param_dtype, device=self.device)   # (padded,), freed once reduced
+        flat = torch.zeros(u.padded, dtype=self.reduce_dtype, device=self.device)   # (padded,), freed once reduced
         for p, off in zip(u.params, u.offsets):
             if p.grad is not None:
                 flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
@@ -350,7 +377,10 @@ class ZeRO(nn.Module):
             if self.stage <= 1:
                 for p, off in zip(u.params, u.offsets):   # a fresh .grad (set_to_none): copy in
                     view = u.grad_full[off:off + p.numel()].view(p.shape)
-                    if p.grad is None:
+                    if self.main_grads:
+                        if p.grad is not None:          # set by hand, not by a backward
+                            self._to_main_grad(p)
+                    elif p.grad is None:
                         p.grad = view
                     elif p.grad.data_ptr() != view.data_ptr():
                         view.copy_(p.grad)
@@ -378,7 +408,7 @@ class ZeRO(nn.Module):
         self.reduce_gradients()
         for u in self.units:
             g = u.grad_full[u.lo:u.hi] if self.stage <= 1 else u.grad_shard
-            u.master.grad = g.to(self.master_dtype) if self.mixed else g
+            u.master.grad = g if g.dtype == self.master_dtype else g.to(self.master_dtype)
         self.optimizer.step()
         for u in self.units:
             if self.mixed:
@@ -388,6 +418,49 @@ class ZeRO(nn.Module):
             for fut in [self._submit(self._all_gather, u) for u in self.units]:
                 fut.result()
         self._reduced = False
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, *, norm_group=None, skip=()) -> torch.Tensor:
+        """Reduce the gradients, then scale them so that their global L2 norm is at most ``max_norm``
+        (``torch.nn.utils.clip_grad_norm_``'s rule: multiply by ``min(1, max_norm / (norm + 1e-6))``);
+        returns the norm before clipping (a float32 scalar, the same on every rank). Call it between
+        the backward and :meth:`step`.
+
+        Every gradient element must be counted once. Each rank adds the squares of the elements it
+        owns (its slice; in stage 0, where every rank holds all of them, only the group's rank 0), and
+        the sums are all-reduced over ``norm_group`` (``None``: this ZeRO's ``group``). When the model
+        is also split over other ranks (tensor or pipeline parallelism), pass a group that spans all
+        of them (e.g. ``dist.group.WORLD``) and, in ``skip``, this rank's parameters whose gradients
+        another rank already counts (a copy replicated over the tensor-parallel ranks, counted on tp
+        rank 0 only; the pipeline's second copy of a tied embedding); they are still scaled.
+        """
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+            raise ValueError(f"max_norm must be a positive number, got {max_norm!r}")
+        self.reduce_gradients()
+        skip_ids = {id(p) for p in skip}
+        unknown = skip_ids - {id(p) for u in self.units for p in u.params}
+        if unknown:
+            raise ValueError(f"skip holds {len(unknown)} tensor(s) that are not trainable parameters of "
+                             "this ZeRO model; pass the model's own parameters")
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        grads = []
+        for u in self.units:
+            g = u.grad_full[u.lo:u.hi] if self.stage <= 1 else u.grad_shard
+            grads.append(g)
+            if self.stage == 0 and self.rank != 0:
+                continue
+            sq += g.double().square().sum()
+            for p, off in zip(u.params, u.offsets):   # what another rank counts: take it out again
+                lo, hi = max(off, u.lo), min(off + p.numel(), u.hi)
+                if id(p) in skip_ids and lo < hi:
+                    sq -= g[lo - u.lo:hi - u.lo].double().square().sum()
+        group = self.group if norm_group is None else norm_group
+        self._submit(lambda: collectives.all_reduce(sq, group=group, builtin=True)).result()
+        norm = sq.sqrt().float()
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return norm
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients (stages 0-1 zero the flat buffer the ``.grad`` views live in)."""

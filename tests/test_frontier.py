@@ -33,13 +33,17 @@ def _recipe(**kw):
 
 @pytest.mark.parametrize("layout", [(2, 2, 1), (1, 2, 2)])
 def test_fp32_composition_equals_one_process(cluster, tmp_path, layout):
+    """Losses and global gradient norms equal one process's; the clip (0.05) is active at every step, so
+    a norm that counted a tensor-parallel copy or the pipeline's tied embedding twice would show."""
     dp, pp, tp = layout
-    r = _recipe(dp=dp, pp=pp, tp=tp, bf16=False, micro=4 // dp)
+    r = _recipe(dp=dp, pp=pp, tp=tp, bf16=False, micro=4 // dp, clip=0.05)
     out = cluster.run(FR.train, 0, str(tmp_path), asdict(r))
-    ref = FR.train_reference(r)
+    ref, ref_norms = FR.train_reference(r, with_norms=True)
+    assert min(ref_norms) > r.clip
     for o in out:
         assert len(o["losses"]) == r.steps
         assert max(abs(a - b) for a, b in zip(o["losses"], ref)) < 1e-5, (o["losses"], ref)
+        assert o["grad_norms"] == pytest.approx(ref_norms, rel=1e-5)
 
 
 def test_bf16_is_close_and_a_kill_resumes_bitwise(cluster, tmp_path):
@@ -66,7 +70,8 @@ def test_checkpoint_of_another_layout_is_refused(cluster, tmp_path):
 
 
 @pytest.mark.parametrize("kw, match", [(dict(batch=6), "multiple of 4"), (dict(top_k=5), "top_k=5 > experts=4"),
-                                       (dict(tp=0), "Recipe.tp must be a positive int")])
+                                       (dict(tp=0), "Recipe.tp must be a positive int"),
+                                       (dict(clip=0), "Recipe.clip must be a positive number")])
 def test_bad_recipes(kw, match):
     with pytest.raises(ValueError, match=match):
         _recipe(**kw)

@@ -297,3 +297,89 @@ def test_prefetch_gathers_next_layer_during_forward(cluster):
 def test_bad_input(cluster, case, match):
     with pytest.raises(RankError, match=match):
         cluster.run(bad_input, case)
+
+
+# ------------------------------------------------------------------ clipping and the reduce dtype
+def clipped_step(rank, world_size, stage, max_norm, skip_first):
+    """One step with clip_grad_norm_ on the 4 ranks: the norm it returned and the new parameters."""
+    from course_lib.zero import ZeRO
+
+    model, X, y, loss_fn = MODELS["mlp"]()
+    first = next(model.parameters())
+    z = ZeRO(model, stage, lr=LR)
+    x, t = _shard(rank, world_size, X, y)
+    loss_fn(z(x), t).backward()
+    norm = z.clip_grad_norm_(max_norm, skip=[first] if skip_first else ())
+    z.step()
+    params = z.gather_full_parameters()
+    z.close()
+    return float(norm), params
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_clip_grad_norm_counts_every_element_once(cluster, stage):
+    """The global norm equals torch.nn.utils.clip_grad_norm_'s on the one-process model (each rank owns
+    a slice; stage 0 holds everything everywhere), and the clipped step equals one-process Adam after
+    torch's clipping; with ``skip`` the skipped parameter leaves the norm (and is still scaled)."""
+    model, X, y, loss_fn = MODELS["mlp"]()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    loss_fn(model(X), y).backward()
+    first_sq = float(next(model.parameters()).grad.square().sum())
+    want = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05))
+    opt.step()
+    assert want > 0.05                                                 # it does clip
+    out = cluster.run(clipped_step, stage, 0.05, False)
+    for norm, params in out:
+        assert norm == pytest.approx(want, rel=1e-5)
+        for got, ref in zip(params, model.parameters()):
+            torch.testing.assert_close(got, ref.detach(), **TOL)
+    skipped = cluster.run(clipped_step, stage, 0.05, True)
+    assert [n for n, _ in skipped] == pytest.approx([(want ** 2 - first_sq) ** 0.5] * WORLD, rel=1e-5)
+
+
+def accumulated_gradient(rank, world_size, stage, reduce_dtype):
+    """bf16 parameters, 4 micro-batches of one sample per rank: the largest relative error of this
+    rank's reduced gradient slice against the exact (float64) mean of the bf16 micro-batch gradients."""
+    import copy
+
+    from course_lib.zero import ZeRO
+
+    model, X, y, loss_fn = MODELS["mlp"]()
+    plain = copy.deepcopy(model).to(torch.bfloat16)        # the same bf16 weights, no ZeRO
+    z = ZeRO(model, stage, param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    exact = [torch.zeros(p.shape, dtype=torch.float64) for p in plain.parameters()]
+    for r in range(world_size):                            # every rank's micro-batches, in one process
+        xs, ts = _shard(r, world_size, X, y)
+        for m in range(xs.shape[0]):
+            plain.zero_grad()
+            (loss_fn(plain(xs[m:m + 1].bfloat16()), ts[m:m + 1].bfloat16()) / xs.shape[0]).backward()
+            for e, p in zip(exact, plain.parameters()):
+                e += p.grad.double() / world_size
+    xs, ts = _shard(rank, world_size, X, y)
+    for m in range(xs.shape[0]):
+        (loss_fn(z(xs[m:m + 1]), ts[m:m + 1].bfloat16()) / xs.shape[0]).backward()
+    z.reduce_gradients()
+    index = {id(p): k for k, p in enumerate(model.parameters())}
+    worst = 0.0
+    for u in z.units:
+        g = (u.grad_full[u.lo:u.hi] if stage <= 1 else u.grad_shard).double()
+        flat = torch.zeros(u.padded, dtype=torch.float64)
+        for p, off in zip(u.params, u.offsets):
+            flat[off:off + p.numel()] = exact[index[id(p)]].reshape(-1)
+        want = flat[u.lo:u.hi]
+        worst = max(worst, float(((g - want).abs() / want.abs().clamp_min(1e-3)).max()))
+    dtype = str((u.grad_full if stage <= 1 else u.grad_shard).dtype)
+    z.close()
+    return worst, dtype
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_reduce_dtype_float32_accumulates_bf16_gradients_in_fp32(cluster, stage):
+    """With bf16 parameters the micro-batch gradients are bf16 either way; summed and reduced in fp32
+    (``reduce_dtype=torch.float32``) they agree with the exact mean to fp32 rounding, summed in bf16
+    (the default) only to bf16's (2^-8 relative)."""
+    fp32 = cluster.run(accumulated_gradient, stage, torch.float32)
+    bf16 = cluster.run(accumulated_gradient, stage, None)
+    assert all(d == "torch.float32" for _, d in fp32) and all(d == "torch.bfloat16" for _, d in bf16)
+    assert max(e for e, _ in fp32) < 1e-5, fp32
+    assert max(e for e, _ in bf16) > 1e-3, bf16
