@@ -58,9 +58,11 @@ clips by the global norm of the gradients, every element counted once across the
 
 Frozen parameters (``requires_grad=False``) are not sharded: every rank keeps them, as in DDP.
 Tied parameters (one tensor registered twice) are sharded once. A unit must run at most once per
-forward. Not covered: CPU offload (ZeRO-Offload), activation partitioning (ZeRO-R, §6), and
-activation checkpointing around stage-3 units (the re-run forward would fire the unit's gather and
-free hooks a second time; FSDP handles that pairing, which production uses by default).
+forward. Activation checkpointing composes with stage 3 (production's default pairing, FSDP + AC):
+a checkpoint around a unit re-runs it while its parameters are gathered for its backward; a unit
+re-run inside a larger checkpoint is gathered again and kept until its gradient is reduced (a
+forward during a backward does not free). Not covered: CPU offload (ZeRO-Offload), activation
+partitioning (ZeRO-R, §6).
 """
 
 from __future__ import annotations
@@ -316,7 +318,7 @@ class ZeRO(nn.Module):
         self._reduced = False
         self._ensure_full(u)
         nxt = self._neighbour(u, +1)
-        if self.prefetch and nxt is not None:
+        if self.prefetch and nxt is not None and not _in_backward():   # not for a checkpoint's re-run
             self._start_gather(nxt)
         u.t_start = _now()
 
@@ -326,7 +328,8 @@ class ZeRO(nn.Module):
             for t in _tensors(out):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=u: self._pre_backward(u))
-        self._free(u)
+        if not _in_backward():   # a forward re-run by activation checkpointing: its backward is next
+            self._free(u)
 
     def _pre_backward(self, u: _Unit) -> None:
         self._ensure_full(u)
@@ -610,6 +613,11 @@ class ZeRO(nn.Module):
 
 
 # ---------------------------------------------------------------------- small helpers
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass on this thread (a checkpoint re-running a forward)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def _now() -> float:
     rec = trace.current()
     return rec.now() if rec is not None else 0.0

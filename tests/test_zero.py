@@ -383,3 +383,51 @@ def test_reduce_dtype_float32_accumulates_bf16_gradients_in_fp32(cluster, stage)
     assert all(d == "torch.float32" for _, d in fp32) and all(d == "torch.bfloat16" for _, d in bf16)
     assert max(e for e, _ in fp32) < 1e-5, fp32
     assert max(e for e, _ in bf16) > 1e-3, bf16
+
+
+def stage3_with_checkpoints(rank, world_size, placement):
+    """ZeRO-3 on the GPT with every block re-run in the backward: ``"around"`` a unit (the checkpointed
+    wrapper is the unit), ``"inside"`` (the unit is the block a checkpoint re-runs), or ``None``."""
+    import torch.nn as nn
+
+    from course_lib import trace
+    from course_lib.recompute import checkpoint
+    from course_lib.zero import ZeRO
+
+    class Recomputed(nn.Module):
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+
+        def forward(self, x):
+            return checkpoint(self.block, x)
+
+    model, X, y, loss_fn = MODELS["gpt"]()
+    blocks = list(model.blocks)
+    if placement:
+        model.blocks = nn.ModuleList([Recomputed(b) for b in blocks])
+    z = ZeRO(model, 3, lr=LR, units=list(model.blocks) if placement == "around" else blocks)
+    x, t = _shard(rank, world_size, X, y)
+    sent = []
+    for _ in range(3):
+        with trace.Recorder() as rec:
+            loss_fn(z(x), t).backward()
+            z.step()
+            z.zero_grad()
+        sent.append(rec.totals()["bytes_sent"])
+    params = z.gather_full_parameters()
+    z.close()
+    return params, sent
+
+
+def test_stage3_composes_with_activation_checkpointing(cluster):
+    """Production's default pairing (FSDP + AC): with the blocks re-run in the backward, the same
+    parameters to the bit and the same bytes as without, whether the checkpoint wraps the unit or re-runs
+    it inside (there the re-run forward must neither free the unit nor prefetch a unit already done)."""
+    plain = cluster.run(stage3_with_checkpoints, None)
+    for placement in ("around", "inside"):
+        got = cluster.run(stage3_with_checkpoints, placement)
+        for r in range(WORLD):
+            assert got[r][1] == plain[r][1], (placement, got[r][1], plain[r][1])
+            for a, b in zip(got[r][0], plain[r][0]):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
