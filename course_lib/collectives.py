@@ -786,14 +786,23 @@ def all_to_all(output_list: Sequence[torch.Tensor], input_list: Sequence[torch.T
 # ------------------------------------------------------------------------------------------
 # the course's collective or torch's own: the one place that chooses
 # ------------------------------------------------------------------------------------------
-def all_reduce(tensor: torch.Tensor, op="sum", group=None, *, builtin: bool = False) -> torch.Tensor:
+def _no_transport_with_builtin(builtin: bool, transport) -> None:
+    if builtin and transport is not None:
+        raise ValueError("transport= applies to the course's ring collectives; torch's built-in ones "
+                         "(builtin=True) talk through their backend: pass one or the other")
+
+
+def all_reduce(tensor: torch.Tensor, op="sum", group=None, *, builtin: bool = False,
+               transport=None) -> torch.Tensor:
     """``dist.all_reduce(tensor, op, group)`` in place: the course's :func:`ring_all_reduce`, or with
     ``builtin=True`` torch's own (gloo's or NCCL's algorithm: faster; its transfers are not recorded
     by :mod:`course_lib.trace`). ``op`` is ``"sum"`` or ``"avg"``; the built-in average is a sum and one
-    division, as the ring's (gloo has no ``ReduceOp.AVG``). Returns ``tensor``."""
+    division, as the ring's (gloo has no ``ReduceOp.AVG``). ``transport``: the ring's point-to-point
+    layer (e.g. :class:`course_lib.netem.PacedTransport`, an emulated link). Returns ``tensor``."""
     op = _parse_op(op)
+    _no_transport_with_builtin(builtin, transport)
     if not builtin:
-        return ring_all_reduce(tensor, op, group=group)
+        return ring_all_reduce(tensor, op, group=group, transport=transport)
     dist.all_reduce(tensor, group=group)
     if op == "avg":
         tensor.div_(dist.get_world_size(group))
@@ -801,13 +810,15 @@ def all_reduce(tensor: torch.Tensor, op="sum", group=None, *, builtin: bool = Fa
 
 
 def all_gather_single(output: torch.Tensor, input: torch.Tensor, group=None, *,
-                      builtin: bool = False) -> torch.Tensor:
+                      builtin: bool = False, transport=None) -> torch.Tensor:
     """``dist.all_gather_single(output, input, group)``: every rank's ``input`` laid end to end in
     ``output`` (rank order; ``world_size * input.numel()`` elements). The course's
     :func:`ring_all_gather`, or torch's own with ``builtin=True``. ``input`` may be this rank's slot
-    of ``output`` (as in ZeRO, whose shard is a view into the full buffer). Returns ``output``."""
+    of ``output`` (as in ZeRO, whose shard is a view into the full buffer). ``transport`` as in
+    :func:`all_reduce`. Returns ``output``."""
+    _no_transport_with_builtin(builtin, transport)
     if not builtin:
-        return ring_all_gather(output, input, group=group)
+        return ring_all_gather(output, input, group=group, transport=transport)
     if input.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
         # torch's all-gather works in place only when the input is exactly this rank's slot of the
         # output; a copy is right for any input that shares the output's memory
@@ -817,14 +828,16 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor, group=None, *,
 
 
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op="sum", group=None, *,
-                          builtin: bool = False) -> torch.Tensor:
+                          builtin: bool = False, transport=None) -> torch.Tensor:
     """``dist.reduce_scatter_single(output, input, op, group)``: ``input`` reduced over the ranks, rank
     r keeps block r in ``output`` (``input.numel() / world_size`` elements). The course's
     :func:`ring_reduce_scatter`, or torch's own with ``builtin=True`` (``"avg"``: a sum and one
-    division, as :func:`all_reduce`). ``input`` is not modified. Returns ``output``."""
+    division, as :func:`all_reduce`). ``input`` is not modified. ``transport`` as in :func:`all_reduce`.
+    Returns ``output``."""
     op = _parse_op(op)
+    _no_transport_with_builtin(builtin, transport)
     if not builtin:
-        return ring_reduce_scatter(output, input, op, group=group)
+        return ring_reduce_scatter(output, input, op, group=group, transport=transport)
     compat.reduce_scatter_single(output, input, group=group)
     if op == "avg":
         output.div_(dist.get_world_size(group))

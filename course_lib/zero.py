@@ -150,6 +150,8 @@ class ZeRO(nn.Module):
             (and sends twice the bytes), see the module docstring.
         builtin: use ``dist.all_gather_single`` / ``reduce_scatter_single`` / ``all_reduce``
             instead of the course's ring (faster; not recorded by ``course_lib.trace``).
+        transport: the ring collectives' point-to-point layer (``None``: ``torch.distributed``'s),
+            e.g. :class:`course_lib.netem.PacedTransport` to run over an emulated link.
         prefetch: stage 3: issue the next unit's all-gather while the current one computes.
         src: the global rank whose parameters are broadcast at set-up.
 
@@ -164,7 +166,7 @@ class ZeRO(nn.Module):
     def __init__(self, module: nn.Module, stage: int, *, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, group=None, units=None,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 builtin: bool = False, prefetch: bool = True, src: int = 0):
+                 builtin: bool = False, prefetch: bool = True, src: int = 0, transport=None):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"ZeRO wraps an nn.Module, got {type(module).__name__}")
@@ -194,7 +196,10 @@ class ZeRO(nn.Module):
                 raise TypeError(f"{name} must be a floating torch.dtype such as torch.bfloat16 or "
                                 f"torch.float32, got {dt!r}")
         self.module, self.stage, self.group = module, stage, group
-        self.builtin, self.prefetch = bool(builtin), bool(prefetch)
+        if builtin and transport is not None:
+            raise ValueError("transport= is for the course's ring collectives; with builtin=True torch's "
+                             "own collectives talk through their backend: pass one or the other")
+        self.builtin, self.prefetch, self.transport = bool(builtin), bool(prefetch), transport
         self.master_dtype, self.device = params[0].dtype, params[0].device
         self.param_dtype = param_dtype or self.master_dtype
         self.mixed = self.param_dtype != self.master_dtype
@@ -275,18 +280,21 @@ class ZeRO(nn.Module):
 
     def _all_gather(self, u: _Unit) -> None:
         with trace.span("all-gather", f"all-gather {u.name}"):
-            collectives.all_gather_single(u.full, u.shard, group=self.group, builtin=self.builtin)
+            collectives.all_gather_single(u.full, u.shard, group=self.group, builtin=self.builtin,
+                                          transport=self.transport)
 
     def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
         """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
         out = torch.empty(u.shard_size, dtype=flat.dtype, device=flat.device)
         with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
-            collectives.reduce_scatter_single(out, flat, "avg", group=self.group, builtin=self.builtin)
+            collectives.reduce_scatter_single(out, flat, "avg", group=self.group, builtin=self.builtin,
+                                              transport=self.transport)
         return out
 
     def _all_reduce(self, u: _Unit) -> None:
         with trace.span("all-reduce", f"all-reduce {u.name}"):
-            collectives.all_reduce(u.grad_full, "avg", group=self.group, builtin=self.builtin)
+            collectives.all_reduce(u.grad_full, "avg", group=self.group, builtin=self.builtin,
+                                   transport=self.transport)
 
     # ------------------------------------------------------------------ stage 3: gather / free
     def _start_gather(self, u: _Unit) -> None:

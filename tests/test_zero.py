@@ -184,6 +184,11 @@ def bad_input(rank, world_size, case):
         ZeRO(nn.Linear(1, 1), 3)  # 2 parameters, 4 ranks
     elif case == "not_module":
         ZeRO(lambda x: x, 1)
+    elif case == "transport_and_builtin":
+        from course_lib.netem import Link, PacedTransport
+        ZeRO(nn.Linear(4, 4), 1, builtin=True, transport=PacedTransport(Link(1e6)))
+    elif case == "clip":
+        ZeRO(nn.Linear(4, 4), 1).clip_grad_norm_(0)
 
 
 # ------------------------------------------------------------------ tests
@@ -293,6 +298,8 @@ def test_prefetch_gathers_next_layer_during_forward(cluster):
     ("all_frozen", "no trainable parameters"),
     ("too_many_ranks", "world_size=4 is larger than the model's 2 trainable parameters"),
     ("not_module", "wraps an nn.Module"),
+    ("transport_and_builtin", "pass one or the other"),
+    ("clip", "max_norm must be a positive number"),
 ])
 def test_bad_input(cluster, case, match):
     with pytest.raises(RankError, match=match):
