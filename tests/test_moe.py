@@ -56,6 +56,55 @@ def test_route_top_k_and_normalisation():
     assert not torch.equal(noisy.experts, r.experts)
 
 
+def test_the_router_runs_in_fp32_for_bf16_tokens_and_weights():
+    bf16 = torch.bfloat16
+    # logits 1 + c 2^-12, c = 0..3 (first token) and 1 - c 2^-12 (second): exact in fp32, all 1.0 in bf16
+    # (bf16's ulp at 1.0 is 2^-7); a bf16 router sees four ties in both tokens and gives both the same
+    # experts, so it must be wrong for one of them: the best two are (3, 2) and (0, 1)
+    w = torch.tensor([[1.0, c] for c in (0.0, 1.0, 2.0, 3.0)], dtype=bf16)
+    x = torch.tensor([[1.0, 2.0 ** -12], [1.0, -2.0 ** -12]], dtype=bf16)
+    r = X.route(x, w, 2)
+    assert r.experts.tolist() == [[3, 2], [0, 1]]
+    assert r.logits.dtype == r.probs.dtype == r.weights.dtype == torch.float32
+    assert r.weights[0, 0] > r.weights[0, 1] and r.weights[1, 0] > r.weights[1, 1]
+    # random bf16 tokens and router: the same decision, logits and weights, bit for bit, as the fp32
+    # router on the same values; the gradient reaches the bf16 router weight as the fp32 one, rounded
+    torch.manual_seed(0)
+    xb, wb = torch.randn(512, 32).to(bf16), (0.02 * torch.randn(16, 32)).to(bf16).requires_grad_(True)
+    w32 = wb.detach().float().requires_grad_(True)
+    value = torch.randn(16)
+    out = []
+    for xi, wi in ((xb, wb), (xb.float(), w32)):
+        ri = X.route(xi, wi, 2)
+        loss = (ri.weights * value[ri.experts]).sum() + X.load_balancing_loss(ri) + X.router_z_loss(ri)
+        loss.backward()
+        out.append((ri, loss))
+    (rb, lb), (rf, lf) = out
+    assert torch.equal(rb.experts, rf.experts) and torch.equal(rb.weights, rf.weights)
+    assert torch.equal(rb.logits, rf.logits) and lb.dtype == torch.float32 and torch.equal(lb, lf)
+    assert wb.grad.dtype == bf16 and wb.grad.abs().sum() > 0 and torch.equal(wb.grad, w32.grad.to(bf16))
+
+
+def test_a_bf16_layer_routes_and_combines_in_fp32_and_returns_bf16():
+    torch.manual_seed(0)
+    layer = X.MoELayer(8, 16, 4, 2).to(torch.bfloat16)
+    x = torch.randn(3, 5, 8).to(torch.bfloat16).requires_grad_(True)
+    y = layer(x)
+    r = layer.last["routing"]
+    assert y.dtype == torch.bfloat16 and r.weights.dtype == torch.float32
+    assert layer.last["lb_loss"].dtype == layer.last["z_loss"].dtype == torch.float32
+    ref = X.route(x.detach().reshape(-1, 8), layer.gate.weight, 2)        # the same choices
+    assert torch.equal(r.experts, ref.experts)
+    # the combine: bf16 expert outputs times fp32 weights, a token's k = 2 terms summed in fp32, one rounding
+    tokens = x.detach().reshape(-1, 8)
+    want = torch.stack([sum(r.weights[t, j] * layer.experts[int(r.experts[t, j])](tokens[t]).float()
+                            for j in range(2)) for t in range(15)]).to(torch.bfloat16)
+    assert torch.equal(y.detach().reshape(-1, 8), want)
+    (y.float().square().mean() + layer.aux_loss(0.01, 1e-3)).backward()
+    g = layer.gate.weight.grad
+    assert g.dtype == torch.bfloat16 and g.abs().sum() > 0 and x.grad.dtype == torch.bfloat16
+
+
 def test_dispatch_is_first_come_first_served_first_choices_first():
     pos = X.dispatch_positions(torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]]), 3, 2)
     assert pos.tolist() == [[0, 1], [1, 0], [-1, -1], [0, -1]]
