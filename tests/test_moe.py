@@ -211,6 +211,59 @@ def test_experts_must_split_over_the_ranks(cluster):
         cluster.run(_bad_split)
 
 
+# --------------------------------------------------------------------------- global-batch load balancing
+def _balance_case(rank, world_size, ranks):
+    import torch.distributed as dist
+    group = dist.new_group(ranks)                        # every rank creates it, members use it
+    if rank not in ranks:
+        return None
+    E, k, h, T = 4, 2, 8, 6
+    torch.manual_seed(0)
+    w = torch.randn(E, h, dtype=torch.float64)
+    xs = torch.randn(world_size, T, h, dtype=torch.float64) + 2.0 * w[torch.arange(world_size) % E, None]
+    mine = xs[rank]                                      # rank r's tokens lean to expert r: f differs by rank
+    gw = w.clone().requires_grad_(True)
+    r = X.route(mine, gw, k)
+    loss_global = X.load_balancing_loss(r, 0.5, group)
+    loss_local = X.load_balancing_loss(r, 0.5)
+    loss_global.backward()
+    g = gw.grad.clone()
+    dist.all_reduce(g, group=group)                      # data parallelism's mean of the gradients
+    g /= len(ranks)
+    # one process: f over the concatenation of the group's tokens, P this rank's
+    every = X.route(xs[ranks].reshape(-1, h), w, k)
+    f_all = X.tokens_per_expert(every.experts, E).double() / every.experts.numel()
+    f_mine = X.tokens_per_expert(r.experts, E).double() / r.experts.numel()
+    P = r.probs.detach().mean(0)
+    # and the gradient of the global-batch loss (f and P over the concatenation) in one process
+    w1 = w.clone().requires_grad_(True)
+    X.load_balancing_loss(X.route(xs[ranks].reshape(-1, h), w1, k), 0.5).backward()
+    layer = X.MoELayer(h, 16, E, k, balance_group=group).double()
+    with torch.no_grad():
+        layer.gate.weight.copy_(w)
+    layer(mine)
+    return dict(counts=X.tokens_per_expert(r.experts, E, group).tolist(),
+                counts_all=X.tokens_per_expert(every.experts, E).tolist(),
+                glob=float(loss_global), want_glob=float(0.5 * E * (f_all * P).sum()),
+                local=float(loss_local), want_local=float(0.5 * E * (f_mine * P).sum()),
+                layer=float(layer.last["lb_loss"]), want_layer=float(E * (f_all * P).sum()),
+                grad_err=float((g - w1.grad).abs().max()))
+
+
+@pytest.mark.parametrize("ranks", [[0, 1, 2, 3], [1, 3]])
+def test_global_batch_statistic_counts_the_tokens_of_every_rank_of_the_group(cluster, ranks):
+    res = cluster.run(_balance_case, ranks)
+    assert [i for i, r in enumerate(res) if r is not None] == ranks
+    for r in (r for r in res if r is not None):
+        assert r["counts"] == r["counts_all"]            # the all-reduced counts: every rank's tokens
+        assert r["glob"] == pytest.approx(r["want_glob"], rel=1e-12)
+        assert r["local"] == pytest.approx(r["want_local"], rel=1e-12)
+        assert abs(r["glob"] - r["local"]) > 1e-3      # the two statistics differ here
+        assert r["layer"] == pytest.approx(r["want_layer"], rel=1e-12)
+        # averaged over the ranks, the local gradients are the global-batch loss's (equal token counts)
+        assert r["grad_err"] < 1e-12
+
+
 # --------------------------------------------------------------------------- JAX
 def test_jax_moe_layer_and_expert_parallel_version_agree_with_torch():
     import subprocess
