@@ -242,7 +242,14 @@ def _balance_case(rank, world_size, ranks):
     with torch.no_grad():
         layer.gate.weight.copy_(w)
     layer(mine)
-    return dict(counts=X.tokens_per_expert(r.experts, E, group).tolist(),
+    # ranks with different numbers of tokens (2, 3, 4, 5): f is the concatenation's, not the mean of the f's
+    sizes = [2 + i for i in range(world_size)]
+    uneven = [X.route(xs[i, :sizes[i]], w, k) for i in range(world_size)]
+    ru = uneven[rank]
+    f_cat = X.tokens_per_expert(torch.cat([uneven[i].experts for i in ranks]), E).double() / (k * sum(
+        sizes[i] for i in ranks))
+    return dict(uneven=float(X.load_balancing_loss(ru, 1.0, group)),
+                want_uneven=float(E * (f_cat * ru.probs.mean(0)).sum()),counts=X.tokens_per_expert(r.experts, E, group).tolist(),
                 counts_all=X.tokens_per_expert(every.experts, E).tolist(),
                 glob=float(loss_global), want_glob=float(0.5 * E * (f_all * P).sum()),
                 local=float(loss_local), want_local=float(0.5 * E * (f_mine * P).sum()),
@@ -260,6 +267,7 @@ def test_global_batch_statistic_counts_the_tokens_of_every_rank_of_the_group(clu
         assert r["local"] == pytest.approx(r["want_local"], rel=1e-12)
         assert abs(r["glob"] - r["local"]) > 1e-3      # the two statistics differ here
         assert r["layer"] == pytest.approx(r["want_layer"], rel=1e-12)
+        assert r["uneven"] == pytest.approx(r["want_uneven"], rel=1e-12)
         # averaged over the ranks, the local gradients are the global-batch loss's (equal token counts)
         assert r["grad_err"] < 1e-12
 
