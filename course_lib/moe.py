@@ -15,14 +15,14 @@ only ``k`` times (plus the router's ``h E``).
          +--combine: y_t = sum over the token's k choices of weight * FFN_e(x_t)
             a token an expert had no room for gets nothing from it: the block's residual carries it
 
-Pieces: :func:`route` (softmax, top-k, normalising the k weights or not, optional noise),
-:func:`load_balancing_loss` (Switch's ``alpha E sum_i f_i P_i``), :func:`router_z_loss` (Zoph et al.
-2022), :func:`expert_capacity` and :func:`dispatch_positions` (first come, first served, the first
+Pieces: :func:`route` (softmax, top-k, normalising the k weights or not, optional noise; in fp32
+whatever the model's dtype), :func:`load_balancing_loss` (Switch's ``alpha E sum_i f_i P_i``, ``f`` over
+the local micro-batch or, with a process group, over the global batch), :func:`router_z_loss` (Zoph et
+al. 2022), :func:`expert_capacity` and :func:`dispatch_positions` (first come, first served, the first
 choices of all tokens before the second ones), :class:`MoELayer` (one process) and
 :class:`ExpertParallelMoE` (experts split across the ranks of a group, tokens exchanged with two
 all-to-alls each way), :class:`MoEBlock` / :func:`moe_gpt` (the tiny GPT with MoE FFNs), and
-:func:`mixtral_parameters` (total vs active parameters from a published configuration).
-"""
+:func:`mixtral_parameters` (total vs active parameters from a published configuration)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from course_lib import collectives, trace
 
 __all__ = [
-    "Routing", "route", "tokens_per_expert", "load_balancing_loss", "router_z_loss", "expert_capacity", "dispatch_positions",
+    "Routing", "router_dtype", "route", "tokens_per_expert", "load_balancing_loss", "router_z_loss",
+    "expert_capacity", "dispatch_positions",
     "Expert", "MoELayer", "ExpertParallelMoE", "MoEBlock", "moe_gpt", "all_to_all_bytes",
     "mixtral_parameters", "MIXTRAL_8X7B",
 ]
@@ -51,13 +52,29 @@ def _pos_int(name: str, v, minimum: int = 1) -> int:
 
 
 # --------------------------------------------------------------------------- routing
+def router_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype the router computes in: float32, or float64 when an input is float64; never less.
+
+    The router's output is a discrete choice. bf16 keeps 8 significant bits (7 stored): its ulp at 1.0
+    is ``2**-7``, so logits that differ by less than that can round to the same bf16 value, and top-k
+    then breaks the tie by position, not by score; the softmax weights lose the same bits. Production
+    routers compute in fp32: Megatron-Core's ``--moe-router-dtype fp32`` (routing and the weighted sum
+    of the expert outputs in fp32), DeepSeek-V3 keeps its MoE gating out of FP8, in its original
+    precision (arXiv 2412.19437, §3.3.1)."""
+    out = torch.float32
+    for d in dtypes:
+        out = torch.promote_types(out, d)
+    return out
+
+
 @dataclass
 class Routing:
     """What the router decided for ``T`` tokens and ``E`` experts.
 
     ``logits``/``probs``: ``(T, E)`` (softmax over all experts); ``experts``: ``(T, k)`` the chosen
     expert ids, best first; ``weights``: ``(T, k)`` the combine weights (the chosen probabilities,
-    renormalised to sum to 1 when ``normalize``)."""
+    renormalised to sum to 1 when ``normalize``). From :func:`route`, ``logits``, ``probs`` and
+    ``weights`` are float32 (float64 for float64 inputs) whatever the dtype of the tokens."""
     logits: torch.Tensor
     probs: torch.Tensor
     experts: torch.Tensor
@@ -74,7 +91,13 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: 
     them as they are (Switch with ``k = 1``: the output is scaled by the router's confidence, which is
     what gives the router a gradient when ``k = 1``: a renormalised single weight is always 1).
     ``noise_std > 0`` adds Gaussian noise to the logits before the choice (exploration while training;
-    Shazeer et al. 2017 learn its scale, here it is fixed)."""
+    Shazeer et al. 2017 learn its scale, here it is fixed).
+
+    Everything here runs in :func:`router_dtype` (float32 for bf16 or fp16 tokens and weights): the
+    tokens and the router's weight are cast up before the product, so the logits of bf16 inputs are
+    exact products summed in fp32, and the choice is the fp32 router's on the same values. The casts
+    pass the gradient back in the inputs' dtypes. The combine weights stay in fp32; the layers cast
+    where they multiply the expert outputs (see :class:`MoELayer`)."""
     if x.dim() != 2 or gate_weight.dim() != 2 or x.shape[1] != gate_weight.shape[1]:
         raise ValueError(f"route expects tokens (T, h) and a router weight (E, h); got {tuple(x.shape)} "
                          f"and {tuple(gate_weight.shape)}")
@@ -82,7 +105,8 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: 
     k = _pos_int("top_k", top_k)
     if k > E:
         raise ValueError(f"top_k={k} but there are only {E} experts; choose top_k <= {E}")
-    logits = x @ gate_weight.t()                                         # (T, E)
+    dtype = router_dtype(x.dtype, gate_weight.dtype)
+    logits = x.to(dtype) @ gate_weight.to(dtype).t()                     # (T, E) in fp32 (or fp64)
     if noise_std > 0:   # drawn where the generator lives (a CPU generator: the same noise on every device)
         where = generator.device if generator is not None else logits.device
         noise = torch.randn(logits.shape, generator=generator, dtype=logits.dtype, device=where)
@@ -94,12 +118,20 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *, normalize: 
     return Routing(logits, probs, top_i, top_p)
 
 
-def tokens_per_expert(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """How many of the ``(T, k)`` choices went to each expert: ``(E,)`` counts."""
-    return torch.bincount(experts.reshape(-1), minlength=n_experts)
+def tokens_per_expert(experts: torch.Tensor, n_experts: int, group=None) -> torch.Tensor:
+    """How many of the ``(T, k)`` choices went to each expert: ``(E,)`` int64 counts.
+
+    ``group`` (a process group, default ``None``): ``None`` counts this process's choices only; a group
+    all-reduces (sums) the counts over its ranks, so every rank of it gets the counts of all their
+    tokens. Collective then: every rank of ``group`` must call it (``dist.group.WORLD`` for all ranks;
+    ``None`` here does *not* mean the world, as it does in ``torch.distributed``)."""
+    counts = torch.bincount(experts.reshape(-1), minlength=n_experts)
+    if group is not None:
+        dist.all_reduce(counts, group=group)
+    return counts
 
 
-def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
+def load_balancing_loss(routing: Routing, alpha: float = 0.01, group=None) -> torch.Tensor:
     """Switch Transformer's auxiliary loss (Fedus et al. 2021, §2.2, Eq. 4-6):
     ``alpha * E * sum_i f_i * P_i``.
 
@@ -109,17 +141,36 @@ def load_balancing_loss(routing: Routing, alpha: float = 0.01) -> torch.Tensor:
     probability of expert ``i`` over the tokens; its gradient pushes probability away from the experts
     that receive too much. Balanced routing (``f_i = P_i = 1/E``) gives ``alpha``, which is not a lower
     bound: ``f`` and ``P`` can disagree (``E = 2``, ``f = (0.6, 0.4)``, ``P = (0.304, 0.696)`` give
-    ``0.92 alpha``). All tokens on one expert with full confidence give ``alpha * E``."""
+    ``0.92 alpha``). All tokens on one expert with full confidence give ``alpha * E``.
+
+    ``group=None`` (the default): ``f`` over this process's micro-batch, as Switch defines it. A
+    process group (data parallelism's, usually): the global-batch statistic of Qiu et al. 2025
+    ("Demons in the Detail", arXiv 2501.11873; Megatron-Core's ``--moe-router-load-balancing-type
+    global_aux_loss``). What is reduced: only the ``E`` token counts, summed over the ranks of
+    ``group`` (:func:`tokens_per_expert`), so ``f`` is the fraction of all their tokens' choices; one
+    all-reduce of ``E`` integers, collective over ``group``. What is not: ``P`` stays this rank's
+    mean over its own tokens, so the gradient stays local and no gradient crosses ranks (the counts
+    carry none: they are integers from a top-k). Averaged over the data-parallel ranks, as data
+    parallelism averages gradients, the gradient is that of ``alpha E sum_i f_i P_i`` with both ``f``
+    and ``P`` over the global batch (exactly so when every rank has as many tokens). The balance is
+    then asked of the global batch, not of every micro-batch: a micro-batch of few sequences may favour
+    some experts (code to the code experts), which Qiu et al. find helps the experts specialise.
+
+    Computed in :func:`router_dtype` (fp32 at least) whatever the dtype of ``routing.probs``."""
     T, E = routing.probs.shape
-    f = tokens_per_expert(routing.experts, E).to(routing.probs.dtype) / routing.experts.numel()
-    P = routing.probs.mean(dim=0)
+    counts = tokens_per_expert(routing.experts, E, group)
+    probs = routing.probs.to(router_dtype(routing.probs.dtype))
+    f = counts.to(probs.dtype) / counts.sum()            # local: counts.sum() = k T
+    P = probs.mean(dim=0)
     return alpha * E * (f * P).sum()
 
 
 def router_z_loss(routing: Routing, beta: float = 1e-3) -> torch.Tensor:
     """ST-MoE's router z-loss (Zoph et al. 2022, §3.1, Eq. 5): ``beta * mean_t (log sum_i exp(x_ti))^2``;
-    keeps the router's logits small, which keeps its softmax numerically stable."""
-    return beta * torch.logsumexp(routing.logits, dim=-1).pow(2).mean()
+    keeps the router's logits small, which keeps its softmax numerically stable. In
+    :func:`router_dtype` (fp32 at least)."""
+    logits = routing.logits.to(router_dtype(routing.logits.dtype))
+    return beta * torch.logsumexp(logits, dim=-1).pow(2).mean()
 
 
 def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: float | None) -> int:
@@ -174,21 +225,30 @@ class MoELayer(nn.Module):
         normalize: renormalise each token's ``k`` weights (see :func:`route`).
         noise_std: router noise while ``self.training``.
         activation: the experts' (``"gelu"`` or ``"relu"``).
+        balance_group: the process group over which ``lb_loss`` counts ``f`` (the global-batch
+            statistic, :func:`load_balancing_loss`); ``None``: this process's tokens only. With a group
+            every forward is collective over it.
 
-    After each call ``self.last`` holds ``routing`` (:class:`Routing`), ``counts`` (choices per expert,
-    before dropping), ``dropped`` (fraction of the ``k T`` choices that found no slot) and the two
-    auxiliary losses ``lb_loss`` (:func:`load_balancing_loss` with ``alpha = 1``: scale it yourself)
-    and ``z_loss`` (with ``beta = 1``).
+    Precision: the router runs in fp32 (:func:`route`) whatever the layer's dtype; the experts run in
+    the layer's dtype. The combine multiplies each expert output, cast to fp32, by its fp32 weight and
+    sums a token's ``k`` terms in fp32; the sum is cast back to the tokens' dtype once (Megatron-Core's
+    ``--moe-router-dtype fp32`` does the weighted sum in fp32 too). The weights' gradient is fp32.
+
+    After each call ``self.last`` holds ``routing`` (:class:`Routing`), ``counts`` (this process's
+    choices per expert, before dropping), ``dropped`` (fraction of the ``k T`` choices that found no
+    slot) and the two auxiliary losses ``lb_loss`` (:func:`load_balancing_loss` with ``alpha = 1``:
+    scale it yourself) and ``z_loss`` (with ``beta = 1``).
     """
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, *,
                  capacity_factor: float | None = None, normalize: bool = True, noise_std: float = 0.0,
-                 activation: str = "gelu"):
+                 activation: str = "gelu", balance_group=None):
         super().__init__()
         self.n_experts, self.top_k = _pos_int("n_experts", n_experts), _pos_int("top_k", top_k)
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k={top_k} but only {n_experts} experts; choose top_k <= n_experts")
         self.capacity_factor, self.normalize, self.noise_std = capacity_factor, normalize, noise_std
+        self.balance_group = balance_group
         self.gate = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(Expert(d_model, d_ff, activation) for _ in range(n_experts))
         self.last: dict = {}
@@ -205,17 +265,18 @@ class MoELayer(nn.Module):
             r = route(tokens, self.gate.weight, self.top_k, normalize=self.normalize,
                       noise_std=self.noise_std if self.training else 0.0)
             pos = dispatch_positions(r.experts, self.n_experts, self.capacity(tokens.shape[0]))
-        out = torch.zeros_like(tokens)
+        out = tokens.new_zeros(tokens.shape, dtype=r.weights.dtype)          # the combine's sum, in fp32
         with trace.span("compute", "experts"):
             for e, expert in enumerate(self.experts):
                 t_idx, slot = ((r.experts == e) & (pos >= 0)).nonzero(as_tuple=True)   # kept choices of e
                 if t_idx.numel():
-                    y = expert(tokens[t_idx])                                # (T_e, h)
-                    out = out.index_add(0, t_idx, y * r.weights[t_idx, slot, None])
+                    y = expert(tokens[t_idx])                                # (T_e, h) in the layer's dtype
+                    out = out.index_add(0, t_idx, y.to(out.dtype) * r.weights[t_idx, slot, None])
         self.last = {"routing": r, "counts": tokens_per_expert(r.experts, self.n_experts),
                      "dropped": float((pos < 0).float().mean()),
-                     "lb_loss": load_balancing_loss(r, 1.0), "z_loss": router_z_loss(r, 1.0)}
-        return out.view(shape)
+                     "lb_loss": load_balancing_loss(r, 1.0, self.balance_group),
+                     "z_loss": router_z_loss(r, 1.0)}
+        return out.to(tokens.dtype).view(shape)
 
     def aux_loss(self, alpha: float = 0.01, beta: float = 0.0) -> torch.Tensor:
         """``alpha * lb_loss + beta * z_loss`` of the last call (add it to the training loss)."""
@@ -267,11 +328,16 @@ class ExpertParallelMoE(nn.Module):
     :class:`MoELayer` on the concatenated tokens of all ranks). The replicated router's gradient is
     partial on each rank and the experts' are summed over every rank's tokens: :meth:`sync_grads` puts both
 on data parallelism's convention (the gradient of the mean over all ranks' tokens).
+
+    Precision as in :class:`MoELayer`: the router and the combine in fp32, the experts and the
+    all-to-all buffers in the tokens' dtype. ``balance_group`` as there (``self.group``, the ranks whose
+    tokens these experts serve, is the natural choice for the global-batch statistic; ``None``: this
+    rank's tokens only).
     """
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, group=None, *,
                  capacity_factor: float | None = None, normalize: bool = True, activation: str = "gelu",
-                 builtin: bool = False, _full: MoELayer | None = None):
+                 builtin: bool = False, balance_group=None, _full: MoELayer | None = None):
         super().__init__()
         n, r = dist.get_world_size(group), dist.get_rank(group)
         if n_experts % n:
@@ -279,7 +345,7 @@ on data parallelism's convention (the gradient of the mean over all ranks' token
                              f"or a group whose size divides {n_experts}")
         self.group, self.world, self.rank, self.builtin = group, n, r, builtin
         self.n_experts, self.top_k, self.local = n_experts, top_k, n_experts // n
-        self.capacity_factor, self.normalize = capacity_factor, normalize
+        self.capacity_factor, self.normalize, self.balance_group = capacity_factor, normalize, balance_group
         self.first = r * self.local                       # my experts: first .. first + local - 1
         self.gate = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(Expert(d_model, d_ff, activation) for _ in range(self.local))
@@ -291,11 +357,12 @@ on data parallelism's convention (the gradient of the mean over all ranks' token
 
     @classmethod
     def from_moe(cls, moe: MoELayer, group=None, *, builtin: bool = False) -> "ExpertParallelMoE":
-        """Split ``moe`` (the same on every rank): this rank keeps its ``E / n`` experts and the router."""
+        """Split ``moe`` (the same on every rank): this rank keeps its ``E / n`` experts and the router
+        (and ``moe.balance_group``)."""
         e0 = moe.experts[0]
         return cls(e0.fc1.in_features, e0.fc1.out_features, moe.n_experts, moe.top_k, group,
                    capacity_factor=moe.capacity_factor, normalize=moe.normalize, activation=e0.activation,
-                   builtin=builtin, _full=moe)
+                   builtin=builtin, balance_group=moe.balance_group, _full=moe)
 
     def capacity(self, n_tokens: int) -> int:
         """Slots per expert for ``n_tokens`` tokens (:func:`expert_capacity`; all of them when
@@ -324,11 +391,13 @@ on data parallelism's convention (the gradient of the mean over all ranks' token
             done = torch.cat(outs, dim=1).reshape(n * L * C, h)
         back = _AllToAll.apply(done, self.group, self.builtin, "all-to-all: combine")    # (E C, h) mine
         with trace.span("compute", "combine"):
-            y = back.index_select(0, e_idx * C + s_idx) * r.weights[t_idx, j_idx, None]
-            out = torch.zeros_like(tokens).index_add(0, t_idx, y)
+            w = r.weights[t_idx, j_idx, None]                                # fp32 (or fp64)
+            y = back.index_select(0, e_idx * C + s_idx).to(w.dtype) * w
+            out = tokens.new_zeros(tokens.shape, dtype=w.dtype).index_add(0, t_idx, y).to(tokens.dtype)
         self.last = {"routing": r, "counts": tokens_per_expert(r.experts, self.n_experts),
                      "dropped": float((~keep).float().mean()), "capacity": C,
-                     "lb_loss": load_balancing_loss(r, 1.0), "z_loss": router_z_loss(r, 1.0)}
+                     "lb_loss": load_balancing_loss(r, 1.0, self.balance_group),
+                     "z_loss": router_z_loss(r, 1.0)}
         return out.view(shape)
 
     def sync_grads(self) -> None:
@@ -366,15 +435,16 @@ class MoEBlock(nn.Module):
 
 
 def moe_gpt(n_experts: int, top_k: int = 2, *, capacity_factor: float | None = 1.25, normalize: bool = True,
-            noise_std: float = 0.0, **gpt_kwargs) -> nn.Module:
+            noise_std: float = 0.0, balance_group=None, **gpt_kwargs) -> nn.Module:
     """A :class:`course_lib.models.TinyGPT` (``gpt_kwargs``) whose blocks' FFNs are :class:`MoELayer`
-    of ``n_experts`` experts of the dense FFN's size (``4 h``). ``model.moe_layers()`` lists them."""
+    of ``n_experts`` experts of the dense FFN's size (``4 h``). ``model.moe_layers()`` lists them.
+    ``balance_group``: each layer's (see :class:`MoELayer`)."""
     from course_lib.models import TinyGPT
     model = TinyGPT(**gpt_kwargs)
     h = model.wte.embedding_dim
     model.blocks = nn.ModuleList(
         MoEBlock(b, MoELayer(h, 4 * h, n_experts, top_k, capacity_factor=capacity_factor, normalize=normalize,
-                             noise_std=noise_std)) for b in model.blocks)
+                             noise_std=noise_std, balance_group=balance_group)) for b in model.blocks)
     model.moe_layers = lambda: [b.moe for b in model.blocks]
     return model
 

@@ -56,6 +56,55 @@ def test_route_top_k_and_normalisation():
     assert not torch.equal(noisy.experts, r.experts)
 
 
+def test_the_router_runs_in_fp32_for_bf16_tokens_and_weights():
+    bf16 = torch.bfloat16
+    # logits 1 + c 2^-12, c = 0..3 (first token) and 1 - c 2^-12 (second): exact in fp32, all 1.0 in bf16
+    # (bf16's ulp at 1.0 is 2^-7); a bf16 router sees four ties in both tokens and gives both the same
+    # experts, so it must be wrong for one of them: the best two are (3, 2) and (0, 1)
+    w = torch.tensor([[1.0, c] for c in (0.0, 1.0, 2.0, 3.0)], dtype=bf16)
+    x = torch.tensor([[1.0, 2.0 ** -12], [1.0, -2.0 ** -12]], dtype=bf16)
+    r = X.route(x, w, 2)
+    assert r.experts.tolist() == [[3, 2], [0, 1]]
+    assert r.logits.dtype == r.probs.dtype == r.weights.dtype == torch.float32
+    assert r.weights[0, 0] > r.weights[0, 1] and r.weights[1, 0] > r.weights[1, 1]
+    # random bf16 tokens and router: the same decision, logits and weights, bit for bit, as the fp32
+    # router on the same values; the gradient reaches the bf16 router weight as the fp32 one, rounded
+    torch.manual_seed(0)
+    xb, wb = torch.randn(512, 32).to(bf16), (0.02 * torch.randn(16, 32)).to(bf16).requires_grad_(True)
+    w32 = wb.detach().float().requires_grad_(True)
+    value = torch.randn(16)
+    out = []
+    for xi, wi in ((xb, wb), (xb.float(), w32)):
+        ri = X.route(xi, wi, 2)
+        loss = (ri.weights * value[ri.experts]).sum() + X.load_balancing_loss(ri) + X.router_z_loss(ri)
+        loss.backward()
+        out.append((ri, loss))
+    (rb, lb), (rf, lf) = out
+    assert torch.equal(rb.experts, rf.experts) and torch.equal(rb.weights, rf.weights)
+    assert torch.equal(rb.logits, rf.logits) and lb.dtype == torch.float32 and torch.equal(lb, lf)
+    assert wb.grad.dtype == bf16 and wb.grad.abs().sum() > 0 and torch.equal(wb.grad, w32.grad.to(bf16))
+
+
+def test_a_bf16_layer_routes_and_combines_in_fp32_and_returns_bf16():
+    torch.manual_seed(0)
+    layer = X.MoELayer(8, 16, 4, 2).to(torch.bfloat16)
+    x = torch.randn(3, 5, 8).to(torch.bfloat16).requires_grad_(True)
+    y = layer(x)
+    r = layer.last["routing"]
+    assert y.dtype == torch.bfloat16 and r.weights.dtype == torch.float32
+    assert layer.last["lb_loss"].dtype == layer.last["z_loss"].dtype == torch.float32
+    ref = X.route(x.detach().reshape(-1, 8), layer.gate.weight, 2)        # the same choices
+    assert torch.equal(r.experts, ref.experts)
+    # the combine: bf16 expert outputs times fp32 weights, a token's k = 2 terms summed in fp32, one rounding
+    tokens = x.detach().reshape(-1, 8)
+    want = torch.stack([sum(r.weights[t, j] * layer.experts[int(r.experts[t, j])](tokens[t]).float()
+                            for j in range(2)) for t in range(15)]).to(torch.bfloat16)
+    assert torch.equal(y.detach().reshape(-1, 8), want)
+    (y.float().square().mean() + layer.aux_loss(0.01, 1e-3)).backward()
+    g = layer.gate.weight.grad
+    assert g.dtype == torch.bfloat16 and g.abs().sum() > 0 and x.grad.dtype == torch.bfloat16
+
+
 def test_dispatch_is_first_come_first_served_first_choices_first():
     pos = X.dispatch_positions(torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]]), 3, 2)
     assert pos.tolist() == [[0, 1], [1, 0], [-1, -1], [0, -1]]
@@ -160,6 +209,67 @@ def _bad_split(rank, world_size):
 def test_experts_must_split_over_the_ranks(cluster):
     with pytest.raises(RankError, match="6 experts do not split over 4 ranks"):
         cluster.run(_bad_split)
+
+
+# --------------------------------------------------------------------------- global-batch load balancing
+def _balance_case(rank, world_size, ranks):
+    import torch.distributed as dist
+    group = dist.new_group(ranks)                        # every rank creates it, members use it
+    if rank not in ranks:
+        return None
+    E, k, h, T = 4, 2, 8, 6
+    torch.manual_seed(0)
+    w = torch.randn(E, h, dtype=torch.float64)
+    xs = torch.randn(world_size, T, h, dtype=torch.float64) + 2.0 * w[torch.arange(world_size) % E, None]
+    mine = xs[rank]                                      # rank r's tokens lean to expert r: f differs by rank
+    gw = w.clone().requires_grad_(True)
+    r = X.route(mine, gw, k)
+    loss_global = X.load_balancing_loss(r, 0.5, group)
+    loss_local = X.load_balancing_loss(r, 0.5)
+    loss_global.backward()
+    g = gw.grad.clone()
+    dist.all_reduce(g, group=group)                      # data parallelism's mean of the gradients
+    g /= len(ranks)
+    # one process: f over the concatenation of the group's tokens, P this rank's
+    every = X.route(xs[ranks].reshape(-1, h), w, k)
+    f_all = X.tokens_per_expert(every.experts, E).double() / every.experts.numel()
+    f_mine = X.tokens_per_expert(r.experts, E).double() / r.experts.numel()
+    P = r.probs.detach().mean(0)
+    # and the gradient of the global-batch loss (f and P over the concatenation) in one process
+    w1 = w.clone().requires_grad_(True)
+    X.load_balancing_loss(X.route(xs[ranks].reshape(-1, h), w1, k), 0.5).backward()
+    layer = X.MoELayer(h, 16, E, k, balance_group=group).double()
+    with torch.no_grad():
+        layer.gate.weight.copy_(w)
+    layer(mine)
+    # ranks with different numbers of tokens (2, 3, 4, 5): f is the concatenation's, not the mean of the f's
+    sizes = [2 + i for i in range(world_size)]
+    uneven = [X.route(xs[i, :sizes[i]], w, k) for i in range(world_size)]
+    ru = uneven[rank]
+    f_cat = X.tokens_per_expert(torch.cat([uneven[i].experts for i in ranks]), E).double() / (k * sum(
+        sizes[i] for i in ranks))
+    return dict(uneven=float(X.load_balancing_loss(ru, 1.0, group)),
+                want_uneven=float(E * (f_cat * ru.probs.mean(0)).sum()),counts=X.tokens_per_expert(r.experts, E, group).tolist(),
+                counts_all=X.tokens_per_expert(every.experts, E).tolist(),
+                glob=float(loss_global), want_glob=float(0.5 * E * (f_all * P).sum()),
+                local=float(loss_local), want_local=float(0.5 * E * (f_mine * P).sum()),
+                layer=float(layer.last["lb_loss"]), want_layer=float(E * (f_all * P).sum()),
+                grad_err=float((g - w1.grad).abs().max()))
+
+
+@pytest.mark.parametrize("ranks", [[0, 1, 2, 3], [1, 3]])
+def test_global_batch_statistic_counts_the_tokens_of_every_rank_of_the_group(cluster, ranks):
+    res = cluster.run(_balance_case, ranks)
+    assert [i for i, r in enumerate(res) if r is not None] == ranks
+    for r in (r for r in res if r is not None):
+        assert r["counts"] == r["counts_all"]            # the all-reduced counts: every rank's tokens
+        assert r["glob"] == pytest.approx(r["want_glob"], rel=1e-12)
+        assert r["local"] == pytest.approx(r["want_local"], rel=1e-12)
+        assert abs(r["glob"] - r["local"]) > 1e-3      # the two statistics differ here
+        assert r["layer"] == pytest.approx(r["want_layer"], rel=1e-12)
+        assert r["uneven"] == pytest.approx(r["want_uneven"], rel=1e-12)
+        # averaged over the ranks, the local gradients are the global-batch loss's (equal token counts)
+        assert r["grad_err"] < 1e-12
 
 
 # --------------------------------------------------------------------------- JAX
