@@ -17,20 +17,41 @@ _EXTRA_COLORS = ["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", 
                  "tab:cyan", "tab:gray"]
 
 
-def show(*objs, start: str | None = None) -> None:
+def show(*objs, start: str | None = None, body: bool = True) -> None:
     """Print the source of a few short library functions or classes, one after another; with
-    ``start``, each from its first line containing ``start`` (to skip a long docstring)."""
+    ``start``, each from its first line containing ``start`` (to skip a long docstring); with
+    ``body=False``, only each one's signature and docstring, its body drawn as ``...`` (to state what
+    a function does without printing the code an exercise asks for)."""
     import inspect
 
     parts = []
     for obj in objs:
         src = inspect.getsource(obj)
+        if not body:
+            src = _signature_and_doc(src)
         if start is not None:
             if start not in src:
                 raise ValueError(f"{start!r} is not in the source of {getattr(obj, '__qualname__', obj)}")
             src = src[src.index(start):]
         parts.append(src)
     print("\n".join(parts))
+
+
+def _signature_and_doc(src: str) -> str:
+    """The decorators, signature and docstring of one ``def`` or ``class`` in ``src``; the body ``...``."""
+    import ast
+    import textwrap
+
+    node = ast.parse(textwrap.dedent(src)).body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        raise ValueError("body=False needs the source of a function or a class")
+    lines = src.splitlines()
+    first = node.body[0]
+    has_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+               and isinstance(first.value.value, str))
+    end = first.end_lineno if has_doc else first.lineno - 1   # line numbers count from 1
+    indent = lines[first.lineno - 1][:len(lines[first.lineno - 1]) - len(lines[first.lineno - 1].lstrip())]
+    return "\n".join(lines[:end] + [indent + "..."]) + "\n"
 
 
 def _new_ax(ax, figsize):

@@ -124,3 +124,14 @@ def test_show_prints_library_source_from_a_given_line(capsys):
     assert out.startswith("    import inspect") and "    import matplotlib.pyplot as plt" in out
     with pytest.raises(ValueError, match="'nowhere' is not in the source of show"):
         viz.show(viz.show, start="nowhere")
+
+
+def test_show_without_body_prints_signature_and_docstring_only(capsys):
+    from course_lib import viz
+
+    viz.show(viz.show, body=False)
+    out = capsys.readouterr().out
+    assert out.startswith("def show(*objs, start") and '"""Print the source' in out
+    assert out.rstrip().endswith('"""\n    ...') and "import inspect" not in out
+    viz.show(viz._new_ax, body=False)          # no docstring: the signature and ...
+    assert capsys.readouterr().out == "def _new_ax(ax, figsize):\n    ...\n\n"
