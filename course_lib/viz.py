@@ -616,9 +616,18 @@ def plot_tp_split(layouts, fig=None, names: Sequence[str] | None = None, tokens:
                     if min(rhi - rlo, chi - clo) >= 6:
                         ax.text(x + (rlo + rhi) / 2, top - (clo + chi) / 2, f"rank {r}", ha="center",
                                 va="center", fontsize=8, color="white", weight="bold")
+        # where the blocks start and end: above W^T for the output features, left of it for the input ones
+        row_cuts = sorted({v for r in ranks for rng in Ls[r]["rows"] for v in rng})
+        col_cuts = sorted({v for r in ranks for rng in Ls[r]["cols"] for v in rng})
+        if len(row_cuts) > 2:
+            for v in row_cuts:
+                ax.text(x + v, top + 0.1 * gap, str(v), ha="center", va="bottom", fontsize=7, color="0.35")
+        if len(col_cuts) > 2:
+            for v in col_cuts:
+                ax.text(x - 0.1 * gap, top - v, str(v), ha="right", va="center", fontsize=7, color="0.35")
         kind = L0["layer"]
         how = "columns: output features" if kind == "column" else "rows: input features"
-        ax.text(x + out_f / 2, top + 0.3 * gap, f"{name}: {kind} parallel\n"
+        ax.text(x + out_f / 2, top + 0.45 * gap + (1.5 if len(row_cuts) > 2 else 0), f"{name}: {kind} parallel\n"
                 f"$W^T$ {in_f} × {out_f}, split by {how}", ha="center", va="bottom", fontsize=9)
         # the output
         out = {r: Ls[r]["output"]["features"] for r in ranks}
@@ -649,7 +658,7 @@ def plot_tp_split(layouts, fig=None, names: Sequence[str] | None = None, tokens:
 
     x_lo = min(p[0] for p in drawn) - 1
     x_hi = max(p[0] + p[2] for p in drawn) + 1
-    y_lo, y_hi = -0.3 * gap - 6, max(p[1] + p[3] for p in drawn) + 0.3 * gap + 5
+    y_lo, y_hi = -0.3 * gap - 6, max(p[1] + p[3] for p in drawn) + 0.45 * gap + 6.5
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_lo, y_hi)
     ax.set_aspect("equal")

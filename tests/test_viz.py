@@ -229,6 +229,8 @@ def test_plot_tp_split_draws_each_ranks_blocks_and_activations():
     assert got["fc_proj:after:rank0"].get_x() > got["fc_proj:output:rank3"].get_x()
     texts = [t.get_text() for t in ax.texts]
     assert "all-reduce" in texts
+    cuts = [t.get_text() for t in ax.texts if t.get_text().isdigit()]   # the blocks' bounds: fc above, fc_proj left
+    assert sorted(cuts, key=int) == sorted(["0", "8", "16", "24", "32"] * 2, key=int)
     assert any(t.startswith("fc: column parallel") for t in texts)
     assert any(t.startswith("fc_proj: row parallel") for t in texts)
     assert "$Y$ (b·s, 32)\nrank r: (b·s, 8)" in texts
