@@ -315,6 +315,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.weight = nn.Parameter(_full.weight.detach()[rows].clone())      # (out/t, in)
             self.bias = nn.Parameter(_full.bias.detach()[rows].clone()) if _full.bias is not None else None
+        self.shard_rows = _runs(rows)   # [(lo, hi), ...]: the full weight's rows this rank holds
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, **kw) -> "ColumnParallelLinear":
@@ -332,6 +333,32 @@ class ColumnParallelLinear(nn.Module):
             x = copy_to_tensor_parallel(x, self.group, builtin=self.builtin)
         y = F.linear(x, self.weight, self.bias)                                   # (..., out/t)
         return gather_from_tensor_parallel(y, self.group, builtin=self.builtin) if self.gather_output else y
+
+    def shard_layout(self) -> dict:
+        """Which block of the full weight this rank holds, and which features of the input and output
+        activations it reads and writes: a plain dict, for ``cluster.run`` to return from every rank and
+        :func:`course_lib.viz.plot_tp_split` to draw::
+
+            {"layer": "column", "rank": r, "tp": t, "full_shape": (out, in),
+             "rows": [(lo, hi), ...], "cols": [(0, in)], "bias": "split",
+             "input": {"features": [(0, in)], "of": in, "state": "replicated", "before": None},
+             "output": {"features": [(lo, hi), ...], "of": out, "state": "split", "after": None}}
+
+        ``full_shape``, ``rows`` and ``cols`` refer to the full ``(out_features, in_features)`` weight as
+        ``nn.Linear`` stores it (a fused layer holds one row range per fused matrix). An activation's
+        ``state`` is ``"replicated"`` (the same on every rank), ``"split"`` (this rank's features),
+        ``"sequence"`` (this rank's chunk of the sequence) or ``"partial"`` (a partial sum); ``before``
+        and ``after`` name the forward collective that runs before the matmul or after it.
+        """
+        return {"layer": "column", "rank": self.tp_rank, "tp": self.tp,
+                "full_shape": (self.out_features, self.in_features),
+                "rows": list(self.shard_rows), "cols": [(0, self.in_features)],
+                "bias": "split" if self.bias is not None else None,
+                "input": {"features": [(0, self.in_features)], "of": self.in_features,
+                          "state": "sequence" if self.sequence_parallel else "replicated",
+                          "before": "all-gather" if self.sequence_parallel else None},
+                "output": {"features": list(self.shard_rows), "of": self.out_features, "state": "split",
+                           "after": "all-gather" if self.gather_output else None}}
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} "
@@ -375,6 +402,7 @@ class RowParallelLinear(nn.Module):
             self.bias = nn.Parameter(_full.bias.detach().clone()) if _full.bias is not None else None
         if self.bias is not None and sequence_parallel:
             self.bias._sequence_parallel = True  # added to my tokens only: its gradient is partial
+        self.shard_cols = (lo, hi)      # the full weight's columns this rank holds
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, **kw) -> "RowParallelLinear":
@@ -396,9 +424,35 @@ class RowParallelLinear(nn.Module):
             y = reduce_from_tensor_parallel(partial, self.group, builtin=self.builtin)
         return y + self.bias if self.bias is not None else y
 
+    def shard_layout(self) -> dict:
+        """As :meth:`ColumnParallelLinear.shard_layout`: this rank's columns of the full weight; its input
+        is its slice of the features (``input_is_parallel``) or all of them, its output a partial sum of
+        all ``out_features`` that an all-reduce (``g``; a reduce-scatter with sequence parallelism) completes."""
+        lo, hi = self.shard_cols
+        return {"layer": "row", "rank": self.tp_rank, "tp": self.tp,
+                "full_shape": (self.out_features, self.in_features),
+                "rows": [(0, self.out_features)], "cols": [(lo, hi)],
+                "bias": "replicated" if self.bias is not None else None,
+                "input": {"features": [(lo, hi)] if self.input_is_parallel else [(0, self.in_features)],
+                          "of": self.in_features, "state": "split" if self.input_is_parallel else "replicated",
+                          "before": None},
+                "output": {"features": [(0, self.out_features)], "of": self.out_features, "state": "partial",
+                           "after": "reduce-scatter" if self.sequence_parallel else "all-reduce"}}
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} (this rank: {self.weight.shape[1]}), "
                 f"out_features={self.out_features}, tp={self.tp}, sequence_parallel={self.sequence_parallel}")
+
+
+def _runs(index: torch.Tensor) -> list[tuple[int, int]]:
+    """The increasing indices ``index`` as contiguous ranges ``[(lo, hi), ...]``."""
+    runs: list[list[int]] = []
+    for i in index.tolist():
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return [(lo, hi) for lo, hi in runs]
 
 
 # --------------------------------------------------------------------------- MLP, attention, block

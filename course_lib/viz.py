@@ -1,7 +1,10 @@
-"""Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`) and others, and
+"""Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`), the layouts of
+sharded states (:func:`plot_zero_layout`, :func:`plot_zero_stages`, :func:`plot_tp_split`: drawn from the
+descriptions the library's own objects return, so a drawing cannot disagree with the code) and others, and
 :func:`show`, which prints the source of the library code a notebook discusses.
 
-Every plotting function draws on a matplotlib ``Axes`` (a new one when ``ax`` is ``None``) and returns it,
+Every plotting function draws on a matplotlib ``Axes`` (a new one when ``ax`` is ``None``) and returns it
+(those with several panels or a drawing of their own proportions: the ``Figure``),
 with a title, axis labels that carry units, and a legend.
 """
 
@@ -9,7 +12,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["show", "plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps", "KIND_COLORS"]
+__all__ = ["show", "plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps",
+           "plot_zero_layout", "plot_zero_stages", "plot_tp_split", "KIND_COLORS", "RANK_COLORS"]
 
 # Fixed colours for the two conventional kinds, so compute/comm look the same in every notebook.
 KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange"}
@@ -357,3 +361,336 @@ def plot_mesh(mesh, bytes_per_axis: dict | None = None, ax=None, title: str | No
     if drawn:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=1, fontsize=8, frameon=False)
     return ax
+
+
+# One colour per rank, the same in every layout drawing (rank r: RANK_COLORS[r % 10]).
+RANK_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+               "tab:olive", "tab:cyan", "tab:gray"]
+_ZERO_STATES = (("parameters", "parameters"), ("gradients", "gradients"),
+                ("optimizer_states", "optimizer states"))
+_ZERO_TITLES = {0: "stage 0 (DDP): nothing sharded", 1: "stage 1 $P_{os}$: optimizer states",
+                2: "stage 2 $P_{os+g}$: + gradients", 3: "stage 3 $P_{os+g+p}$: + parameters"}
+_ZERO_XLABEL = "each unit's flat vector (elements)"
+_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+def _rank_color(r: int) -> str:
+    return RANK_COLORS[r % len(RANK_COLORS)]
+
+
+def _zero_ranks(layouts) -> list:
+    """The descriptions sorted by rank, ``None`` (ranks outside the group) dropped, checked."""
+    rows = sorted((d for d in layouts if d is not None), key=lambda d: d["rank"])
+    if not rows:
+        raise ValueError("plot_zero_layout got no layouts: pass every rank's ZeRO.shard_layout(), "
+                         "e.g. cluster.run(fn) where fn returns z.shard_layout()")
+    if len({d["stage"] for d in rows}) > 1 or len({d["world_size"] for d in rows}) > 1:
+        raise ValueError("plot_zero_layout draws one ZeRO configuration at a time; got stages "
+                         f"{sorted({d['stage'] for d in rows})} and world sizes "
+                         f"{sorted({d['world_size'] for d in rows})}: use plot_zero_stages for several")
+    if len({tuple(u["name"] for u in d["units"]) for d in rows}) > 1:
+        raise ValueError("the ranks' layouts name different units: they come from different models")
+    return rows
+
+
+def _zero_legend_handles(ranks):
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    return ([Patch(facecolor=_rank_color(r), edgecolor="black", label=f"held by rank {r}") for r in ranks]
+            + [Patch(facecolor="white", edgecolor="black", hatch="////", label="padding to a multiple of N"),
+               Patch(facecolor="0.93", edgecolor="0.6", label="not on this rank"),
+               Line2D([], [], color="0.45", linestyle=":", label="the N equal slices")])
+
+
+def plot_zero_layout(layouts, ax=None, title: str | None = None, legend: bool = True,
+                     state_labels: bool = True):
+    """Where ZeRO's model states live: for every rank, which part of each unit's flat vector it keeps.
+
+    Args:
+        layouts: ``layouts[r]`` is rank r's :meth:`course_lib.zero.ZeRO.shard_layout` (``None`` for a
+            rank outside the group is skipped), all from one stage.
+        title: the title (default: what the stage shards).
+        legend: draw the legend (rank colours, padding, not held) below the axes.
+        state_labels: write the states' names and dtypes as y tick labels (off for the right panels
+            of :func:`plot_zero_stages`).
+
+    Returns:
+        The Axes. One band per rank (rank 0 on top), headed by the rank and the bytes it holds; in it one
+        bar per model state (parameters, gradients, optimizer states). The x axis runs along the units'
+        padded flat vectors, side by side; grey is the whole vector, the rank's colour what it holds,
+        hatched the padding it holds, dotted lines the ``N`` equal slices. Every bar is a patch whose
+        gid is ``"rank{r}:{state}:{unit}"`` (``":padding"`` and ``":full"`` for the padding and the
+        grey outline), so tests can read the drawing back.
+    """
+    from matplotlib.patches import Rectangle
+
+    rows = _zero_ranks(layouts)
+    units = rows[0]["units"]
+    total = sum(u["padded"] for u in units)
+    gap = max(1.0, 0.08 * total)
+    x0, x = [], 0.0
+    for u in units:
+        x0.append(x)
+        x += u["padded"] + gap
+    width = x - gap
+    pitch, bar = 4.4, 0.78                      # a band per rank: header line + 3 bars
+    ax = _new_ax(ax, (max(5.0, 0.05 * width + 3), 0.9 * len(rows) * pitch / 3 + 1.5))
+
+    for i, d in enumerate(rows):
+        r, top = d["rank"], i * pitch
+        held = sum(u[key]["bytes"] for u in d["units"] for key, _ in _ZERO_STATES)
+        ax.text(0, top + 0.3, f"rank {r}: {held:,} B", color=_rank_color(r), fontsize=9,
+                weight="bold", va="center", ha="left")
+        for k, (key, _) in enumerate(_ZERO_STATES):
+            y = top + 1.1 + k
+            for u, xu in zip(d["units"], x0):
+                s = u[key]
+                tag = f"rank{r}:{key}:{u['name']}"
+                ax.add_patch(Rectangle((xu, y - bar / 2), u["padded"], bar, facecolor="0.93", edgecolor="0.6",
+                                       linewidth=0.6, gid=tag + ":full"))
+                lo, hi = s["lo"], min(s["hi"], u["numel"])
+                if hi > lo:
+                    ax.add_patch(Rectangle((xu + lo, y - bar / 2), hi - lo, bar, facecolor=_rank_color(r),
+                                           edgecolor="black", linewidth=0.6, gid=tag))
+                plo = max(s["lo"], u["numel"])
+                if s["hi"] > plo:
+                    ax.add_patch(Rectangle((xu + plo, y - bar / 2), s["hi"] - plo, bar, facecolor="white",
+                                           edgecolor=_rank_color(r), hatch="////", linewidth=0.8,
+                                           gid=tag + ":padding"))
+    for u, xu in zip(units, x0):                # the N slices of every unit
+        for j in range(1, rows[0]["world_size"]):
+            ax.axvline(xu + j * u["shard_size"], color="0.45", linestyle=":", linewidth=0.7, zorder=0)
+
+    ax.set_xlim(-0.01 * width, width * 1.01)
+    ax.set_ylim(len(rows) * pitch - 0.2, -0.2)  # rank 0 on top
+    ax.set_xticks([xu + u["padded"] / 2 for u, xu in zip(units, x0)],
+                  [f"{u['name']}\n{u['numel']}" + (f" + {u['padded'] - u['numel']} pad" if u["padded"] > u["numel"] else "")
+                   for u in units], fontsize=8)
+    ax.set_xlabel(_ZERO_XLABEL)
+    ys = [i * pitch + 1.1 + k for i in range(len(rows)) for k in range(len(_ZERO_STATES))]
+    if state_labels:
+        names = []
+        for key, name in _ZERO_STATES:
+            s = units[0][key]
+            dt = _DTYPE_SHORT.get(s["dtype"], s["dtype"])
+            names.append(f"{name} ({dt})" if s["copies"] == 1 else f"{name} ({s['copies']} × {dt})")
+        ax.set_yticks(ys, names * len(rows), fontsize=8)
+    else:
+        ax.set_yticks(ys, [])
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    stage = rows[0]["stage"]
+    ax.set_title(title if title is not None else f"{_ZERO_TITLES.get(stage, f'stage {stage}')}, "
+                                                 f"N = {rows[0]['world_size']}", fontsize=10)
+    if legend:
+        ax.legend(handles=_zero_legend_handles([d["rank"] for d in rows]), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.14), ncol=4, fontsize=8, frameon=False)
+    return ax
+
+
+def plot_zero_stages(layouts_per_stage, fig=None,
+                     suptitle: str = "Where each rank's model states live, ZeRO stage by stage"):
+    """Small multiples of :func:`plot_zero_layout`: one panel per stage, side by side, one legend.
+
+    Args:
+        layouts_per_stage: ``layouts_per_stage[i]`` is the list of every rank's
+            :meth:`course_lib.zero.ZeRO.shard_layout` for the i-th panel (e.g. stages 0, 1, 2, 3).
+        fig: a matplotlib Figure to draw on (a new one when ``None``).
+
+    Returns:
+        The Figure (its first ``len(layouts_per_stage)`` axes are the panels, left to right).
+    """
+    import matplotlib.pyplot as plt
+
+    n = len(layouts_per_stage)
+    if n == 0:
+        raise ValueError("plot_zero_stages got no stages: pass [layouts of stage 0, of stage 1, ...]")
+    n_ranks = len(_zero_ranks(layouts_per_stage[0]))
+    if fig is None:
+        fig = plt.figure(figsize=(min(3.3 * n + 1.8, 15), 1.25 * n_ranks + 2.0), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for k, (ax, layouts) in enumerate(zip(axes, layouts_per_stage)):
+        plot_zero_layout(layouts, ax=ax, legend=False, state_labels=k == 0)
+    ranks = [d["rank"] for d in _zero_ranks(layouts_per_stage[0])]
+    fig.legend(handles=_zero_legend_handles(ranks), loc="outside lower center", ncol=len(ranks) + 3,
+               fontsize=9, frameon=False)
+    fig.suptitle(suptitle)
+    return fig
+
+
+def _tp_ranks(layouts) -> list:
+    """``layouts[r]``: rank r's layer descriptions (one dict or a sequence of them), checked; sorted by rank."""
+    rows = []
+    for d in layouts:
+        if d is None:
+            continue
+        rows.append([d] if isinstance(d, dict) else list(d))
+    if not rows or not rows[0]:
+        raise ValueError("plot_tp_split got no layouts: pass every rank's [layer.shard_layout(), ...], "
+                         "e.g. what cluster.run returns when each rank returns [fc.shard_layout(), "
+                         "fc_proj.shard_layout()]")
+    rows.sort(key=lambda ls: ls[0]["rank"])
+    if len({len(ls) for ls in rows}) > 1:
+        raise ValueError("every rank must describe the same layers; got "
+                         + ", ".join(f"rank {ls[0]['rank']}: {len(ls)}" for ls in rows))
+    for i in range(len(rows[0])):
+        kinds = {(ls[i]["layer"], tuple(ls[i]["full_shape"])) for ls in rows}
+        if len(kinds) > 1:
+            raise ValueError(f"layer {i} differs between the ranks: {sorted(kinds)}")
+        states = {ls[i]["input"]["state"] for ls in rows} | {ls[i]["output"]["state"] for ls in rows}
+        if "sequence" in states or any(ls[i]["output"]["after"] == "reduce-scatter" for ls in rows):
+            raise ValueError("plot_tp_split draws tensor parallelism without sequence parallelism: "
+                             "build the layers with sequence_parallel=False")
+    return rows
+
+
+def plot_tp_split(layouts, fig=None, names: Sequence[str] | None = None, tokens: str = "b·s",
+                  title: str = "Tensor parallelism: where each rank's weights and activations live"):
+    """The full weight matrices of tensor-parallel linear layers with each rank's block coloured, and
+    the activations they read and write, drawn as a chain of matrix products ``Y = X Wᵀ``.
+
+    Args:
+        layouts: ``layouts[r]`` is the list of rank r's ``shard_layout()`` dicts of the layers, in the
+            order they run (e.g. ``[fc.shard_layout(), fc_proj.shard_layout()]`` of a
+            :class:`course_lib.tensor_parallel.ParallelMLP`); ``None`` entries (ranks outside the
+            group) are skipped.
+        fig: a matplotlib Figure to draw on (a new one, sized to the drawing, when ``None``).
+        names: the layers' names (default ``layer 0``, ``layer 1``, ...).
+        tokens: how to label the activations' leading dimension (the tokens, drawn at a fixed height).
+
+    Returns:
+        The Figure (one Axes, in feature units: an ``n × m`` matrix is drawn ``m`` wide and ``n`` high).
+
+    Each layer is drawn as its product: ``Wᵀ`` (``in × out``, the textbook ``Y = X W``) above the output,
+    the input to the left of the output (a layer's output is the next layer's input). A weight block or
+    an activation slice in a rank's colour is what that rank holds. A stack of cards is an activation
+    every rank holds in full: solid when the copies are equal (replicated), hatched when each is a partial
+    sum, which the collective on the arrow completes. Patches carry gids ``"{name}:W:rank{r}"``,
+    ``"{name}:input:rank{r}"``, ``"{name}:output:rank{r}"`` and ``"{name}:after:rank{r}"`` (rectangles
+    in data coordinates), so tests can read the drawing back.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    rows = _tp_ranks(layouts)
+    ranks = [ls[0]["rank"] for ls in rows]
+    n_layers = len(rows[0])
+    names = list(names) if names is not None else [f"layer {i}" for i in range(n_layers)]
+    if len(names) != n_layers:
+        raise ValueError(f"names has {len(names)} entries for {n_layers} layers")
+    dims = [d for L in rows[0] for d in L["full_shape"]]
+    b = max(3.0, 0.75 * min(dims))             # the tokens' height
+    gap = max(2.0, 0.15 * max(dims))
+    deck = 0.12 * b                             # offset between the cards of a stack
+    stack = (len(ranks) - 1) * deck
+    letters = iter("XYZUVW" + "".join(f"A{i}" for i in range(2 * n_layers)))
+    drawn = []                                  # every rectangle, for the limits
+
+    new_fig = fig is None
+    if new_fig:
+        fig = plt.figure(layout="constrained")
+    ax = fig.add_subplot()
+
+    def box(x, y, w, h, gid, **kw):
+        kw = {"edgecolor": "black", "linewidth": 0.7, **kw}
+        ax.add_patch(Rectangle((x, y), w, h, gid=gid, **kw))
+        drawn.append((x, y, w, h))
+
+    def activation(x, width, state, per_rank, gid, label):
+        """An activation (tokens, width) at x; per_rank[r]: the feature ranges rank r holds."""
+        if state in ("replicated", "partial"):
+            for k in reversed(range(len(ranks))):   # rank 0 in front, the others peek out behind
+                r = ranks[k]
+                box(x + k * deck, k * deck, width, b, f"{gid}:rank{r}", facecolor=_rank_color(r),
+                    hatch="////" if state == "partial" else None)
+        else:                                   # split: one box, each rank's features in its colour
+            box(x, 0, width, b, f"{gid}:full", facecolor="0.93", edgecolor="0.6")
+            for r in ranks:
+                for lo, hi in per_rank[r]:
+                    box(x + lo, 0, hi - lo, b, f"{gid}:rank{r}", facecolor=_rank_color(r))
+        ax.text(x + width / 2, -0.3 * gap, label, ha="center", va="top", fontsize=9)
+
+    def signature(width, state, per_rank):
+        return width, state, tuple(tuple(map(tuple, per_rank[r])) for r in ranks)
+
+    x, prev = 0.0, None
+    for i, name in enumerate(names):
+        Ls = {ls[i]["rank"]: ls[i] for ls in rows}
+        L0 = Ls[ranks[0]]
+        out_f, in_f = L0["full_shape"]
+        inp = {r: Ls[r]["input"]["features"] for r in ranks}
+        if prev is None or prev[1:] != signature(in_f, L0["input"]["state"], inp):   # not the last output
+            a = next(letters)
+            mine = sum(hi - lo for lo, hi in inp[ranks[0]])
+            label = (f"${a}$ ({tokens}, {in_f})\n" + ("on every rank" if L0["input"]["state"] == "replicated"
+                                                       else f"rank r: ({tokens}, {mine})"))
+            activation(x, in_f, L0["input"]["state"], inp, f"{name}:input", label)
+            x += in_f + stack + gap
+        # the weight, transposed (in x out) above the output: x = output feature, y from the top = input feature
+        top = b + stack + gap + in_f
+        box(x, top - in_f, out_f, in_f, f"{name}:W:full", facecolor="0.93", edgecolor="0.6")
+        for r in ranks:
+            for rlo, rhi in Ls[r]["rows"]:
+                for clo, chi in Ls[r]["cols"]:
+                    box(x + rlo, top - chi, rhi - rlo, chi - clo, f"{name}:W:rank{r}", facecolor=_rank_color(r))
+                    if min(rhi - rlo, chi - clo) >= 6:
+                        ax.text(x + (rlo + rhi) / 2, top - (clo + chi) / 2, f"rank {r}", ha="center",
+                                va="center", fontsize=8, color="white", weight="bold")
+        # where the blocks start and end: above W^T for the output features, left of it for the input ones
+        row_cuts = sorted({v for r in ranks for rng in Ls[r]["rows"] for v in rng})
+        col_cuts = sorted({v for r in ranks for rng in Ls[r]["cols"] for v in rng})
+        if len(row_cuts) > 2:
+            for v in row_cuts:
+                ax.text(x + v, top + 0.1 * gap, str(v), ha="center", va="bottom", fontsize=7, color="0.35")
+        if len(col_cuts) > 2:
+            for v in col_cuts:
+                ax.text(x - 0.1 * gap, top - v, str(v), ha="right", va="center", fontsize=7, color="0.35")
+        kind = L0["layer"]
+        how = "columns: output features" if kind == "column" else "rows: input features"
+        ax.text(x + out_f / 2, top + 0.45 * gap + (1.5 if len(row_cuts) > 2 else 0), f"{name}: {kind} parallel\n"
+                f"$W^T$ {in_f} × {out_f}, split by {how}", ha="center", va="bottom", fontsize=9)
+        # the output
+        out = {r: Ls[r]["output"]["features"] for r in ranks}
+        state = L0["output"]["state"]
+        a = next(letters)
+        mine = sum(hi - lo for lo, hi in out[ranks[0]])
+        label = {"partial": f"${a}_r$ ({tokens}, {out_f}) on rank r:\nits partial sum",
+                 "split": f"${a}$ ({tokens}, {out_f})\nrank r: ({tokens}, {mine})"}.get(
+                     state, f"${a}$ ({tokens}, {out_f})\non every rank")
+        activation(x, out_f, state, out, f"{name}:output", label)
+        x += out_f + stack
+        prev = (a, *signature(out_f, state, out))
+        after = L0["output"]["after"]
+        if after:
+            length = max(2.5 * gap, 12)
+            ax.annotate("", xy=(x + length - 0.15 * gap, b / 2), xytext=(x + 0.15 * gap, b / 2),
+                        arrowprops=dict(arrowstyle="-|>", color="black", lw=1.3))
+            ax.text(x + length / 2, b / 2 + 0.12 * b, after, ha="center", va="bottom", fontsize=9, weight="bold")
+            x += length
+            full = {r: [(0, out_f)] for r in ranks}
+            what = (" + ".join(f"${a}_{r}$" for r in ranks) if len(ranks) <= 4 else rf"$\sum_r {a}_r$")
+            activation(x, out_f, "replicated", full, f"{name}:after",
+                       f"${a}$ = {what}\n({tokens}, {out_f}) on every rank" if state == "partial"
+                       else f"${a}$ ({tokens}, {out_f})\non every rank")
+            x += out_f + stack
+            prev = (a, *signature(out_f, "replicated", full))
+        x += gap
+
+    x_lo = min(p[0] for p in drawn) - 1
+    x_hi = max(p[0] + p[2] for p in drawn) + 1
+    y_lo, y_hi = -0.3 * gap - 6, max(p[1] + p[3] for p in drawn) + 0.45 * gap + 6.5
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title + "\n(each product: the input on the left, $W^T$ above, the output below $W^T$)",
+                 fontsize=11)
+    handles = [Patch(facecolor=_rank_color(r), edgecolor="black", label=f"rank {r}") for r in ranks]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="////", label="partial sum")]
+    ax.legend(handles=handles, loc="upper left", fontsize=8.5, frameon=False,
+              title="stacked cards: one copy per rank", title_fontsize=8.5, alignment="left")
+    if new_fig:                                 # size the figure to the drawing's proportions
+        w = min(13.0, max(7.0, 0.16 * (x_hi - x_lo)))
+        fig.set_size_inches(w, w * (y_hi - y_lo) / (x_hi - x_lo) + 0.6)
+    return fig

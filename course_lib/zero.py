@@ -529,6 +529,47 @@ class ZeRO(nn.Module):
                     add("optimizer_states", v)
         return out
 
+    def shard_layout(self) -> dict:
+        """Which part of each unit's flat vector this rank keeps, per model state, read from its buffers.
+
+        A plain dict, so that ``cluster.run`` can return it from every rank and
+        :func:`course_lib.viz.plot_zero_layout` can draw the list::
+
+            {"rank": r, "world_size": N, "stage": s, "units": [
+                {"name": "layers.0", "numel": 36, "padded": 36, "shard_size": 9, "owned": (lo, hi),
+                 "parameters": {"lo": 0, "hi": 36, "dtype": "float32", "copies": 1, "bytes": 144},
+                 "gradients": {...}, "optimizer_states": {..., "copies": 2}}, ...]}
+
+        ``[lo, hi)`` indexes the unit's padded flat vector (``[numel, padded)`` is the padding);
+        ``owned`` is the slice this rank steps. ``copies`` counts the tensors of that range: 1 for
+        parameters and gradients; for the optimizer states Adam's ``m`` and ``v``, plus the fp32 master
+        slice in mixed precision; ``bytes`` is ``copies * (hi - lo)`` elements of ``dtype`` (Adam's
+        4-byte step counters are left out). It describes a rank at rest, between steps: stage 3's
+        full parameters exist only while their unit computes, and Adam's states from the first step on.
+        """
+        def entry(lo, n, dtype, copies=1):
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            return {"lo": lo, "hi": lo + n, "dtype": str(dtype).removeprefix("torch."),
+                    "copies": copies, "bytes": copies * n * itemsize}
+
+        units = []
+        for u in self.units:
+            if u.full.untyped_storage().nbytes():            # the full vector is allocated (stages 0-2)
+                params = entry(0, u.full.numel(), u.full.dtype)
+            else:                                            # stage 3 at rest: only the slice
+                params = entry(u.lo, u.shard.numel(), u.shard.dtype)
+            if u.grad_full is not None:                      # stages 0-1: a full gradient buffer
+                grads = entry(0, u.grad_full.numel(), u.grad_full.dtype)
+            else:                                            # stages 2-3: the reduce-scatter's slice
+                grads = entry(u.lo, u.shard_size, self.reduce_dtype)
+            # Adam's m and v have the master slice's shape; the master is a tensor of its own only
+            # in mixed precision (in fp32 it is the parameters' slice itself)
+            optim = entry(u.lo, u.master.numel(), u.master.dtype, copies=3 if self.mixed else 2)
+            units.append({"name": u.name, "numel": u.numel, "padded": u.padded, "shard_size": u.shard_size,
+                          "owned": (u.lo, u.hi), "parameters": params, "gradients": grads,
+                          "optimizer_states": optim})
+        return {"rank": self.rank, "world_size": self.world_size, "stage": self.stage, "units": units}
+
     # ------------------------------------------------------------------ checkpoints
     def _adam_state(self, u: _Unit) -> dict:
         state = self.optimizer.state.get(u.master, {})

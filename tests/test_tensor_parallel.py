@@ -308,3 +308,121 @@ def test_layers_initialised_per_shard(cluster):
         assert cw == (16, 16) and rw == (16, 16)
         assert 0.8 * cb < cmax <= cb and 0.8 * rb < rmax <= rb and bias == 0
     assert len({r[-1] for r in res}) == WORLD                 # the shards differ
+
+
+def _layout_case(rank, world_size, tp):
+    """Each layer's shard_layout() next to what the layer holds and computes, from numbered weights."""
+    import torch
+    from course_lib import tensor_parallel as T
+
+    group = _group(tp)
+    if rank >= tp:
+        return None
+    torch.manual_seed(0)
+    h = 8
+
+    def numbered(lin):   # W[i, j] = i * in + j: every entry says where it came from
+        with torch.no_grad():
+            lin.weight.copy_(torch.arange(lin.weight.numel(), dtype=torch.float32).view_as(lin.weight))
+        return lin
+
+    full = {"fc": numbered(torch.nn.Linear(h, 4 * h)), "fc_proj": numbered(torch.nn.Linear(4 * h, h)),
+            "qkv": numbered(torch.nn.Linear(h, 3 * h))}
+    full["gathered"], full["unsplit"] = full["fc"], full["fc_proj"]
+    mlp = T.ParallelMLP.from_linears(full["fc"], full["fc_proj"], group)
+    layers = {"fc": mlp.fc, "fc_proj": mlp.fc_proj,
+              "qkv": T.ColumnParallelLinear.from_linear(full["qkv"], group, fused=3),
+              "gathered": T.ColumnParallelLinear.from_linear(full["fc"], group, gather_output=True),
+              "unsplit": T.RowParallelLinear.from_linear(full["fc_proj"], group, input_is_parallel=False)}
+    out = {}
+    for name, layer in layers.items():
+        L = layer.shard_layout()
+        W = full[name].weight.detach()
+        rows = torch.cat([torch.arange(lo, hi) for lo, hi in L["rows"]])
+        cols = torch.cat([torch.arange(lo, hi) for lo, hi in L["cols"]])
+        held = torch.equal(layer.weight.detach(), W[rows][:, cols])     # the block the layout names
+        n_in = L["input"]["of"]
+        x = torch.randn(2, 3, n_in)                                     # the full input, the same everywhere
+        x_in = x[..., torch.cat([torch.arange(lo, hi) for lo, hi in L["input"]["features"]])]
+        with torch.no_grad():
+            y = layer(x_in)                         # after the layer's collective, if it has one
+            ref = full[name](x)
+            if L["output"]["after"] is None:        # this rank's output features, nothing else
+                feats = torch.cat([torch.arange(lo, hi) for lo, hi in L["output"]["features"]])
+                mine = torch.allclose(y, ref[..., feats], rtol=1e-5, atol=1e-2)
+            else:                                   # the collective completed the whole output
+                mine = torch.allclose(y, ref, rtol=1e-5, atol=1e-2)
+        out[name] = dict(layout=L, held=held, computes=mine, out_width=y.shape[-1])
+    return out
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shard_layout_names_the_block_each_rank_holds(cluster, tp):
+    """shard_layout(): the weight block is exactly the rows/columns of the full weight the layer holds,
+    the output features are the ones it computes (a column layer) or it is a partial sum (a row layer);
+    the blocks of the t ranks tile each weight once; and a column layer's output slice is the next row
+    layer's input slice on every rank, which is why the MLP needs no communication in between."""
+    import pickle
+
+    res = cluster.run(_layout_case, tp)
+    assert all(o is None for o in res[tp:])
+    res = res[:tp]
+    for r, layers in enumerate(res):
+        for name, o in layers.items():
+            L = o["layout"]
+            pickle.dumps(L)
+            assert o["held"] and o["computes"], (tp, r, name)
+            assert (L["rank"], L["tp"]) == (r, tp)
+            width = sum(hi - lo for lo, hi in L["output"]["features"]) if L["output"]["after"] is None \
+                else L["output"]["of"]
+            assert o["out_width"] == (width if L["output"]["state"] != "partial" else L["output"]["of"])
+        fc, proj = layers["fc"]["layout"], layers["fc_proj"]["layout"]
+        k = 32 // tp
+        assert fc["rows"] == [(r * k, (r + 1) * k)] and fc["cols"] == [(0, 8)]
+        assert proj["rows"] == [(0, 8)] and proj["cols"] == [(r * k, (r + 1) * k)]
+        assert (fc["input"]["state"], fc["output"]["state"], proj["input"]["state"], proj["output"]["state"]) \
+            == ("replicated", "split", "split", "partial")
+        assert proj["output"]["after"] == "all-reduce" and fc["output"]["after"] is None
+        assert fc["output"]["features"] == proj["input"]["features"]      # Y_r feeds the row layer as it is
+        q = 8 // tp                                                       # qkv: rank r's heads of Q, K and V
+        assert layers["qkv"]["layout"]["rows"] == [(j * 8 + r * q, j * 8 + (r + 1) * q) for j in range(3)]
+        assert layers["gathered"]["layout"]["output"]["after"] == "all-gather"
+        assert layers["unsplit"]["layout"]["input"] == {"features": [(0, 32)], "of": 32, "state": "replicated",
+                                                        "before": None}
+    for name in res[0]:                                                   # the t blocks tile the weight once
+        out_f, in_f = res[0][name]["layout"]["full_shape"]
+        cover = torch.zeros(out_f, in_f, dtype=torch.int64)
+        for layers in res:
+            L = layers[name]["layout"]
+            for a, b in L["rows"]:
+                for c, d in L["cols"]:
+                    cover[a:b, c:d] += 1
+        assert bool((cover == 1).all()), name
+
+
+def test_plot_tp_split_draws_the_layers_own_layouts(cluster):
+    """The MLP drawn from the layouts its layers return: rank r's block of each weight is drawn at the
+    rows and columns the layer holds (W^T: x = row of W, y from the top = column of W)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_lib import viz
+
+    res = cluster.run(_layout_case, WORLD)
+    layouts = [[o["fc"]["layout"], o["fc_proj"]["layout"]] for o in res]
+    fig = viz.plot_tp_split(layouts, names=["fc", "fc_proj"])
+    try:
+        ax = fig.axes[0]
+        for i, name in enumerate(["fc", "fc_proj"]):
+            full = next(p for p in ax.patches if p.get_gid() == f"{name}:W:full")
+            x0, top = full.get_x(), full.get_y() + full.get_height()
+            for r in range(WORLD):
+                drawn = [(round(p.get_x() - x0), round(p.get_x() - x0 + p.get_width()),
+                          round(top - p.get_y() - p.get_height()), round(top - p.get_y()))
+                         for p in ax.patches if p.get_gid() == f"{name}:W:rank{r}"]
+                L = layouts[r][i]
+                assert drawn == [(a, b, c, d) for a, b in L["rows"] for c, d in L["cols"]]
+    finally:
+        plt.close(fig)

@@ -438,3 +438,92 @@ def test_stage3_composes_with_activation_checkpointing(cluster):
             assert got[r][1] == plain[r][1], (placement, got[r][1], plain[r][1])
             for a, b in zip(got[r][0], plain[r][0]):
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the layout, described and drawn
+def layout_and_bytes(rank, world_size, stage, world, param_dtype=None):
+    """Two steps (Adam's states exist from the first on); the layout and the bytes the rank holds after
+    the second backward's reduction, when every model state is alive."""
+    from course_lib.zero import ZeRO
+
+    group = _group(world)
+    if rank >= world:
+        return None
+    model, X, y, loss_fn = MODELS["mlp"]()
+    z = ZeRO(model, stage, lr=LR, group=group, param_dtype=param_dtype)
+    x, t = _shard(rank, world, X, y)
+    for _ in range(2):
+        loss_fn(z(x).float(), t).backward()
+        z.reduce_gradients()
+        held = z.state_bytes()
+        z.step()
+        z.zero_grad()
+    layout = z.shard_layout()
+    z.close()
+    return layout, held
+
+
+SHARDED = {0: (), 1: ("optimizer_states",), 2: ("gradients", "optimizer_states"),
+           3: ("parameters", "gradients", "optimizer_states")}
+
+
+@pytest.mark.parametrize("world,mixed", [(2, False), (4, False), (4, True)], ids=["N2", "N4", "N4-bf16"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_shard_layout_is_what_each_rank_holds(cluster, stage, world, mixed):
+    """ZeRO.shard_layout(): the full padded vector or the rank's 1/N slice, per state and unit, as the
+    paper's stage says; the N slices tile each unit once; and its bytes are the bytes the rank's tensors
+    hold (state_bytes, read from the storages; Adam's 4-byte step counters aside)."""
+    import pickle
+
+    out = cluster.run(layout_and_bytes, stage, world, torch.bfloat16 if mixed else None)
+    assert all(o is None for o in out[world:])
+    sizes = {2: [(36, 36), (42, 42), (7, 8)], 4: [(36, 36), (42, 44), (7, 8)]}[world]   # (numel, padded)
+    for r, (layout, held) in enumerate(out[:world]):
+        pickle.dumps(layout)                                  # plain data: cluster.run returned it
+        assert (layout["rank"], layout["world_size"], layout["stage"]) == (r, world, stage)
+        assert [(u["numel"], u["padded"]) for u in layout["units"]] == sizes
+        assert [u["name"] for u in layout["units"]] == ["layers.0", "layers.1", "layers.2"]
+        for u in layout["units"]:
+            mine = (r * u["shard_size"], (r + 1) * u["shard_size"])
+            assert u["owned"] == ((0, u["padded"]) if stage == 0 else mine)
+            for key in ("parameters", "gradients", "optimizer_states"):
+                want = mine if key in SHARDED[stage] else (0, u["padded"])
+                assert (u[key]["lo"], u[key]["hi"]) == want, (stage, r, u["name"], key)
+            assert u["parameters"]["dtype"] == u["gradients"]["dtype"] == ("bfloat16" if mixed else "float32")
+            assert (u["optimizer_states"]["dtype"], u["optimizer_states"]["copies"]) == ("float32", 3 if mixed else 2)
+        described = {k: sum(u[k]["bytes"] for u in layout["units"]) for k in held}
+        described["optimizer_states"] += 4 * len(layout["units"])   # Adam's step counters
+        assert described == held, (stage, r, described, held)
+    for key in SHARDED[stage]:                                # the slices tile every unit exactly once
+        for i in range(3):
+            spans = sorted((o[0]["units"][i][key]["lo"], o[0]["units"][i][key]["hi"]) for o in out[:world])
+            assert spans[0][0] == 0 and spans[-1][1] == sizes[i][1]
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_plot_zero_stages_draws_the_ranks_own_layouts(cluster):
+    """The drawing of the 4 stages, from the layouts the ranks return: rank r's coloured bar of each
+    state and unit is the full vector or the r-th slice, exactly where the layout puts it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_lib import viz
+
+    per_stage = [[o[0] for o in cluster.run(layout_and_bytes, s, WORLD)] for s in range(4)]
+    fig = viz.plot_zero_stages(per_stage)
+    try:
+        for stage, ax in enumerate(fig.axes[:4]):
+            got = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+            for r in range(WORLD):
+                for u in per_stage[stage][r]["units"]:
+                    x0 = got[f"rank{r}:parameters:{u['name']}:full"].get_x()
+                    for key in ("parameters", "gradients", "optimizer_states"):
+                        lo, hi = (r * u["shard_size"], (r + 1) * u["shard_size"]) if key in SHARDED[stage] \
+                            else (0, u["padded"])
+                        p = got[f"rank{r}:{key}:{u['name']}"]
+                        assert (p.get_x() - x0, p.get_width()) == pytest.approx((lo, min(hi, u["numel"]) - lo))
+                        assert (f"rank{r}:{key}:{u['name']}:padding" in got) == (hi > u["numel"])
+    finally:
+        plt.close(fig)
