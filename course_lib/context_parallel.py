@@ -2,7 +2,7 @@
 
 Attention of ``s`` queries over ``s`` keys computes an ``s x s`` score matrix per head. Written the
 plain way (:func:`naive_attention`), autograd keeps that matrix's softmax for the backward: ``b a s^2``
-values, which at ``s = 128k`` is 64 GiB per layer for one sequence of 32 fp32 heads. Three ideas
+values, which at ``s = 128k`` (2^17) is 64 GiB in fp32 per head and layer of one sequence. Three ideas
 remove the ``s^2`` and then split ``s`` over ``N`` ranks. Shapes are ``F.scaled_dot_product_attention``'s:
 ``q, k, v`` are ``(b, a, s, d)`` (batch, heads, sequence, head dim; GLOSSARY.md).
 
@@ -83,7 +83,7 @@ On the CPU, SDPA's default kernel is ``aten._scaled_dot_product_flash_attention_
 
 * non-causal forward: runs and equals one-process attention, but DTensor first propagates shardings
   through the op's decomposition (45-105 s on 2 CPU cores, once per process), then all-gathers K and
-  V (two ``all_gather_into_tensor``): no ring;
+  V (on 2 ranks: two ``all_gather_into_tensor``): no ring;
 * causal forward: ``NotImplementedError: Operator
   aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy
   registered.``;
@@ -92,12 +92,18 @@ On the CPU, SDPA's default kernel is ``aten._scaled_dot_product_flash_attention_
   registered.``
 
 With SDPA held to its math backend (``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``) the
-non-causal forward and backward run in a fraction of a second (DTensor all-gathers K and V, and
-reduce-scatters their gradients) and equal :func:`ring_attention`'s zig-zag results; the tests compare
-the two. Causal still fails there: ``RuntimeError: aten.add.Tensor got mixed torch.Tensor and
-DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!`` (the
-math path adds a plain-tensor mask). Its sharding is the zig-zag layout above (its head-tail load
-balancer). Every case is also compared with one process's attention.
+non-causal forward and backward run in a fraction of a second: SDPA decomposes into matmuls and a
+softmax on DTensors, and DTensor's sharding propagation picks each op's placement by its cost model,
+so no ring either (at ``(b, a, s, d) = (2, 4, 32, 8)`` on 2 ranks: K and V all-gathered, their
+gradients reduce-scattered). The inputs are sharded in the zig-zag layout above (its head-tail load
+balancer), but the output is returned as DTensor left it, which depends on the shapes (4 ranks): at
+``(2, 4, 32, 8)`` each rank gets its sequence share, equal to :func:`ring_attention`'s zig-zag output
+(the tests compare outputs and gradients there); at ``(1, 8, 1024, 64)`` all of the (zig-zag
+ordered) sequence for ``a/N`` heads, ``(1, 2, 1024, 64)``; at ``(1, 8, 64, 64)`` a partial sum of
+the whole output (summed over the ranks it is right). Causal fails there: ``RuntimeError:
+aten.add.Tensor got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor before
+calling distributed operators!`` (the math path adds a plain-tensor mask). Every case here is also
+compared with one process's attention.
 
 Conventions (as in :mod:`course_lib.collectives`): every rank of ``group`` calls with tensors of the
 same shape; ``group=None`` is the default group, ranks inside it are group ranks; point-to-point
@@ -439,11 +445,16 @@ def gather_sequence(x: torch.Tensor, group=None, *, layout: str = "contiguous", 
 # --------------------------------------------------------------------------- ring attention
 
 def _tiles(mine, theirs, causal: bool):
-    """The (query chunk, key chunk) tiles a rank computes: all of them, or when ``causal`` those
-    with at least one key not after its query (a tile wholly in the future is skipped)."""
+    """The (query chunk, key chunk) tiles a rank computes as ``(q_lo, q_hi, q_start, k_lo, k_hi,
+    k_start)``: without a mask the whole share against the whole block (positions do not matter);
+    when ``causal``, every pair of chunks with at least one key not after its query (a tile wholly
+    in the future is skipped)."""
+    if not causal:
+        yield mine[0][0], mine[-1][1], 0, theirs[0][0], theirs[-1][1], 0
+        return
     for q_lo, q_hi, q_start in mine:
         for k_lo, k_hi, k_start in theirs:
-            if causal and k_start > q_start + (q_hi - q_lo) - 1:
+            if k_start > q_start + (q_hi - q_lo) - 1:
                 continue
             yield q_lo, q_hi, q_start, k_lo, k_hi, k_start
 

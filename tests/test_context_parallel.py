@@ -194,7 +194,7 @@ def _reference(causal, seed=0):
     return (q.detach(), k.detach(), v.detach()), g, out.detach(), grads
 
 
-def _run_distributed(attention, causal, pos, grp):
+def _run_distributed(attention, causal, pos):
     """Run ``attention`` on this rank's share; errors against the reference and the bytes sent."""
     from course_lib import trace
     from course_lib.grading.guards import record_comm
@@ -225,8 +225,10 @@ def _ring_case(rank, world_size, world, layout, causal, paired):
         return None
     r = dist.get_rank(grp)
     transport = collectives.PairedP2P() if paired else None
-    attention = lambda q, k, v: C.ring_attention(q, k, v, grp, causal=causal, layout=layout, transport=transport)  # noqa: E731
-    errs, sent, pairs, out = _run_distributed(attention, causal, _positions(S, world, r, layout), grp)
+    def attention(q, k, v):
+        return C.ring_attention(q, k, v, grp, causal=causal, layout=layout, transport=transport)
+
+    errs, sent, pairs, out = _run_distributed(attention, causal, _positions(S, world, r, layout))
     full = C.gather_sequence(out, grp, layout=layout)
     errs["gathered"] = _max_err(full, _reference(causal)[2])
     return r, errs, sent, pairs
@@ -264,11 +266,14 @@ def _ulysses_case(rank, world_size, world, causal, custom_attn, builtin):
     if rank not in members:
         return None
     r = dist.get_rank(grp)
-    attn = None
-    if custom_attn:
-        attn = lambda q, k, v, is_causal: C.blockwise_attention(q, k, v, causal=is_causal, block_size=8)  # noqa: E731
-    attention = lambda q, k, v: C.ulysses_attention(q, k, v, grp, causal=causal, attn=attn, builtin=builtin)  # noqa: E731
-    errs, sent, _, _ = _run_distributed(attention, causal, _positions(S, world, r, "contiguous"), grp)
+    def blockwise(q, k, v, is_causal):
+        return C.blockwise_attention(q, k, v, causal=is_causal, block_size=8)
+
+    def attention(q, k, v):
+        return C.ulysses_attention(q, k, v, grp, causal=causal, attn=blockwise if custom_attn else None,
+                                   builtin=builtin)
+
+    errs, sent, _, _ = _run_distributed(attention, causal, _positions(S, world, r, "contiguous"))
     return r, errs, sent
 
 
@@ -341,6 +346,9 @@ def _torch_cp_case(rank, world_size):
             t.requires_grad_(True)
         theirs = F.scaled_dot_product_attention(qs, ks, vs)
         theirs.backward(gs)
+    assert theirs.shape == (B, A, S // world_size, D), (
+        f"torch's context_parallel returned a local output of shape {tuple(theirs.shape)}, not this rank's "
+        "sequence share: on the math backend DTensor places the output by its cost model (module docstring)")
     pos = _positions(S, world_size, rank, "zigzag")
     mine = [t[:, :, pos].clone().requires_grad_(True) for t in (q, k, v)]
     ours = C.ring_attention(*mine, layout="zigzag")
