@@ -252,12 +252,15 @@ _WHEN = {"00": "first", **{f"{n:02d}": "in order" for n in range(1, 10)},
          **{f"{n:02d}": "any order after 09" for n in range(10, 14)}, "14": "last"}
 
 
-_FOLDED = re.compile(r"<details>.*?</details>", re.S)
+# an optional deep dive, folded in <details>; the answers of a lecture's self-check are folded too
+# (<details><summary>Answer</summary>), but a reader reads them on the core path
+_FOLDED = re.compile(r"<details>(?!<summary>Answer</summary>).*?</details>", re.S)
 
 
 def _words(markdown: str, folded: bool = False) -> int:
     """Words a reader reads on the core path (``folded``: only those inside the optional ``<details>``
-    blocks instead); link targets (URLs, the Colab badge's) are not counted."""
+    blocks instead; a self-check's ``<details><summary>Answer</summary>`` blocks are core path, not
+    optional); link targets (URLs, the Colab badge's) are not counted."""
     text = re.sub(r"\]\([^)]*\)", "]", markdown)
     text = "".join(_FOLDED.findall(text)) if folded else _FOLDED.sub("", text)
     return len(re.findall(r"\w+", text))

@@ -93,6 +93,15 @@ def test_sync_replaces_a_stale_badge_and_cell(tmp_path):
     assert "old-branch" not in nb.cells[0].source and nb.cells[1].source == colab.setup_cell_source()
 
 
+def test_path_counts_self_check_answers_as_core_and_deep_dives_as_folded():
+    core = "Two words.\n\n**1.** A question?\n\n"
+    answer = "<details><summary>Answer</summary>\n\nThe answer.\n\n</details>"
+    deep = "<details><summary>Optional deep dive: more</summary>\n\nfive folded words here\n\n</details>"
+    md = f"{core}{deep}\n\n{answer}"
+    assert colab._words(md, folded=True) == colab._words(deep, folded=True) == 12   # the deep dive only
+    assert colab._words(md) == colab._words(core) + colab._words(answer) == 5 + 7  # the answer is core path
+
+
 def test_cli_check_exit_status(tmp_path, capsys):
     repo = _mini_repo(tmp_path)
     assert colab.main(["sync", "--check", "--repo", str(repo)]) == 1
