@@ -45,7 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.collectives import comm_device
-from course_lib.mesh import HybridGPT, ProcessMesh
+from course_lib.hybrid_gpt import HybridGPT
+from course_lib.mesh import ProcessMesh
 
 __all__ = ["Recipe", "make_model", "make_batches", "ParallelMoEBlock", "Recomputed", "FrontierGPT",
            "train", "train_reference", "step_flops"]
@@ -148,7 +149,7 @@ class Recomputed(nn.Module):
 
 
 class FrontierGPT(HybridGPT):
-    """:class:`course_lib.mesh.HybridGPT` plus the rest of the recipe (see the module docstring):
+    """:class:`course_lib.hybrid_gpt.HybridGPT` plus the rest of the recipe (see the module docstring):
     recomputed blocks, an MoE block, and ``ZeRO(stage=1)`` with bf16 parameters over the ``dp`` group
     as the optimizer. ``train_step(x, y)`` does one step; ``save`` / ``load`` write and read sharded
     checkpoints (every rank its ZeRO slice, :func:`course_lib.fault.save_sharded`)."""

@@ -396,12 +396,12 @@ def _check_pipeline(cluster, schedule):
 
 
 def _check_hybrid(cluster):
-    from course_lib.demos import hybrid
+    from course_lib import hybrid_gpt
 
     dp, pp, tp = HYBRID[cluster.world_size]
     steps = 3
-    results = cluster.run(hybrid.train, dp, pp, tp, steps, dtype=torch.float64)
-    losses, ref = hybrid.replica_losses(results), hybrid.train_reference(steps, torch.float64)
+    results = cluster.run(hybrid_gpt.train, dp, pp, tp, steps, dtype=torch.float64)
+    losses, ref = hybrid_gpt.replica_losses(results), hybrid_gpt.train_reference(steps, torch.float64)
     assert len(losses) == steps
     err = max(abs(a - b) for a, b in zip(losses, ref))
     assert err < 1e-9, f"dp={dp} pp={pp} tp={tp}: losses {losses} vs one process {ref}"
