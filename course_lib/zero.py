@@ -456,7 +456,7 @@ class ZeRO(nn.Module):
     @torch.no_grad()
     def sharded_state_dict(self) -> dict:
         """This rank's part of the model states, for a sharded checkpoint
-        (:func:`course_lib.fault.save_sharded`): the fp32 master values and Adam's two moments of the
+        (:func:`course_lib.checkpoint.save_sharded`): the fp32 master values and Adam's two moments of the
         slice it owns, addressed by *global* offsets so that a checkpoint saved on N ranks loads on M.
 
         Returns ``{"shards": {key: (start, tensor)}, "lengths": {key: numel}, "replicated": {...}}``
@@ -486,7 +486,7 @@ class ZeRO(nn.Module):
         """Load the states saved by :meth:`sharded_state_dict` on any number of ranks.
 
         ``fetch(key, start, stop)`` returns the values ``[start, stop)`` of the global flat vector
-        ``key`` (:func:`course_lib.fault.load_sharded` reads them from whichever shard files hold
+        ``key`` (:func:`course_lib.checkpoint.load_sharded` reads them from whichever shard files hold
         them); ``replicated`` is the saved ``"replicated"`` dict. Every rank of the group must call it.
         """
         names = [u.name for u in self.units]

@@ -311,7 +311,7 @@ def fault_case(rank, world_size, directory):
     """A training state saved on the GPU (model, AdamW, RNGs with CUDA's) and restored into a fresh
     model: the resumed run vs the uninterrupted one (dropout draws from the CUDA generator), with and
     without the CUDA RNG state restored, where the restored Adam states live, and the RNG afterwards."""
-    from course_lib.fault import CheckpointManager, restore_training_state, training_state
+    from course_lib.checkpoint import CheckpointManager, restore_training_state, training_state
     from course_lib.launch import device
     from course_lib.models import TinyMLP, make_regression
 
