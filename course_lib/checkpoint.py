@@ -14,7 +14,9 @@ half (how often clusters fail, fault plans and restarts, goodput), built on this
   are kept.
 * **Sharded checkpoints** (:func:`save_sharded` / :func:`load_sharded`): every rank writes its own
   ZeRO/FSDP shard in parallel, addressed by global offsets, so a checkpoint saved on N ranks loads on M
-  (the idea of ``torch.distributed.checkpoint``'s metadata and its load planner).
+  (the idea of ``torch.distributed.checkpoint``'s metadata and its load planner). Before a restart the
+  ranks verify it in parallel too, each hashing the files it wrote (:func:`verify_collective`,
+  :func:`agreed_latest`).
 
 All files are written with ``torch.save`` and read with ``torch.load(weights_only=True)``: tensors,
 numbers, strings and containers only, so a checkpoint file cannot run code when it is loaded (numpy's
@@ -36,7 +38,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -44,7 +46,7 @@ import torch
 __all__ = [
     "CheckpointError", "rng_state", "set_rng_state", "ResumableSampler", "training_state",
     "restore_training_state", "atomic_save", "file_sha256", "CheckpointManager", "save_collective",
-    "agreed_latest", "save_sharded", "load_sharded", "ShardedCheckpoint",
+    "agreed_latest", "verify_collective", "save_sharded", "load_sharded", "ShardedCheckpoint",
 ]
 
 #: The on-disk format's name and version, written into every manifest and training state and checked
@@ -433,12 +435,20 @@ class CheckpointManager:
             raise CheckpointError(f"{m}: not a course_lib.checkpoint manifest")
         return manifest
 
-    def verify(self, step: int) -> dict:
-        """Check every file of checkpoint ``step`` against the manifest (size, then SHA-256); return the
+    def verify(self, step: int, names: Iterable[str] | None = None) -> dict:
+        """Check the files of checkpoint ``step`` against the manifest (size, then SHA-256): every file, or
+        only those in ``names`` (what one rank verifies in :func:`verify_collective`); return the
         manifest. Raises :class:`CheckpointError` naming the first bad file."""
         manifest = self.manifest(step)
         d = self.path(step)
-        for name, info in manifest["files"].items():
+        files = manifest["files"]
+        if names is not None:
+            wanted = set(names)
+            unknown = sorted(wanted - set(files))
+            if unknown:
+                raise CheckpointError(f"checkpoint step {step} has no file {unknown[0]!r}; it has {sorted(files)}")
+            files = {name: info for name, info in files.items() if name in wanted}
+        for name, info in files.items():
             f = d / name
             if not f.is_file():
                 raise CheckpointError(f"{f}: missing (the manifest lists it)")
@@ -500,7 +510,9 @@ def save_collective(manager: CheckpointManager, step: int, files: dict[str, Any]
                     meta: dict | None = None) -> dict:
     """One checkpoint written by all ranks of ``group`` at once: every rank atomically writes its own
     ``files`` (name -> object; names must differ between ranks), the ranks exchange checksums, rank 0
-    commits the manifest, and all wait for the commit (a barrier). Collective.
+    commits the manifest, and all wait for the commit (a barrier). The manifest records each file's
+    writer (``"rank"``, its rank in ``group``): that rank verifies it again before a restart
+    (:func:`verify_collective`). Collective.
 
     Returns this rank's ``{"seconds", "bytes", "total_bytes"}``.
     """
@@ -516,6 +528,7 @@ def save_collective(manager: CheckpointManager, step: int, files: dict[str, Any]
     gathered = [None] * world
     dist.all_gather_object(gathered, mine, group=group)
     entries = [e for per_rank in gathered for e in per_rank]
+    writers = {e[0]: r for r, per_rank in enumerate(gathered) for e in per_rank}
     names = [e[0] for e in entries]
     if len(set(names)) != len(names):
         raise ValueError(f"save_collective: two ranks wrote the same file name ({sorted(names)}); give "
@@ -523,7 +536,7 @@ def save_collective(manager: CheckpointManager, step: int, files: dict[str, Any]
     if dist.get_rank(group) == 0:
         table = {}
         for name, sha, nbytes, index in entries:
-            table[name] = {"sha256": sha, "bytes": nbytes}
+            table[name] = {"sha256": sha, "bytes": nbytes, "rank": writers[name]}
             if index is not None:
                 table[name]["index"] = index
         manager.commit(step, table, world_size=world, meta=meta)
@@ -536,15 +549,68 @@ class _Indexed(tuple):
     """(object, index): a shard file and the pieces it holds, for the manifest."""
 
 
-def agreed_latest(manager: CheckpointManager, *, group=None) -> int | None:
-    """The newest intact checkpoint as rank 0 of ``group`` sees it (verified there, broken ones skipped),
-    broadcast so that every rank resumes from the same step; ``None`` when there is none. Collective."""
+def _verifiers(manifest: dict, world_size: int) -> dict[str, int]:
+    """``{file name: rank}``: which rank of a ``world_size``-rank group verifies each file of a checkpoint.
+    The rank that wrote it, as the manifest records (:func:`save_collective`); a file without a writer
+    (:meth:`CheckpointManager.save`) by its place in name order. Both modulo ``world_size``, so that a
+    checkpoint saved on N ranks and checked on M spreads its files over the M."""
+    return {name: int(info.get("rank", k)) % world_size
+            for k, (name, info) in enumerate(sorted(manifest["files"].items()))}
+
+
+def verify_collective(manager: CheckpointManager, step: int, *, group=None) -> dict:
+    """Verify checkpoint ``step`` with every rank of ``group`` at once, each file hashed once: every rank
+    checks the files it wrote (:func:`_verifiers`; size, then SHA-256, as
+    :meth:`CheckpointManager.verify`), then the ranks exchange their verdicts (one ``all_gather_object``).
+    A sharded checkpoint's hashing is split ``world_size`` ways instead of done by one rank: at a 175B
+    model's 2-3 TB of shards, one rank hashing every file would dominate a restart.
+
+    Returns the manifest on every rank, or raises :class:`CheckpointError` on every rank, naming each bad
+    file and the rank that found it (``"rank 1 of 4: .../shard_00001_of_00004.pt: corrupted: ..."``).
+    Collective: every rank of ``group`` must call it."""
     import torch.distributed as dist
 
-    choice = [manager.latest() if dist.get_rank(group) == 0 else None]
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    manifest, problem = None, None
+    try:
+        manifest = manager.manifest(step)
+        mine = [name for name, r in _verifiers(manifest, world).items() if r == rank]
+        manager.verify(step, mine)
+    except (CheckpointError, OSError) as exc:   # every rank must reach the exchange below, bad files or not
+        problem = str(exc)
+    verdicts = [None] * world
+    dist.all_gather_object(verdicts, problem, group=group)
+    found: dict[str, list[int]] = {}                 # the same problem seen by several ranks is said once
+    for r, text in enumerate(verdicts):
+        if text is not None:
+            found.setdefault(text, []).append(r)
+    if found:
+        raise CheckpointError("; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of "
+                                        f"{world}: {text}" for text, ranks in found.items()))
+    return manifest
+
+
+def agreed_latest(manager: CheckpointManager, *, group=None) -> int | None:
+    """The newest intact checkpoint, the same on every rank of ``group``: rank 0 lists the committed steps
+    (broadcast), then, from the newest, all ranks verify each one together (:func:`verify_collective`:
+    every rank hashes the files it wrote) until one verifies on every rank. Broken ones are skipped, listed
+    in ``manager.skipped`` on every rank and warned about on rank 0, naming the bad file and the rank that
+    found it. ``None`` when there is none. Collective."""
+    import torch.distributed as dist
+
+    steps = [manager.steps() if dist.get_rank(group) == 0 else None]
     src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(choice, src=src, group=group)
-    return choice[0]
+    dist.broadcast_object_list(steps, src=src, group=group)
+    manager.skipped = []
+    for step in reversed(steps[0]):
+        try:
+            verify_collective(manager, step, group=group)
+            return step
+        except CheckpointError as exc:
+            manager.skipped.append((step, str(exc)))
+            if dist.get_rank(group) == 0:
+                warnings.warn(f"skipping checkpoint step {step}: {exc}", RuntimeWarning, stacklevel=2)
+    return None
 
 
 def save_sharded(manager: CheckpointManager, step: int, state: dict, *, group=None,
@@ -631,12 +697,13 @@ class ShardedCheckpoint:
 
 
 def load_sharded(manager: CheckpointManager, step: int | None = None, *, group=None) -> ShardedCheckpoint:
-    """Open the newest intact sharded checkpoint (or ``step``) on every rank of ``group``: rank 0
-    picks it (:func:`agreed_latest`), every rank then reads only the shard files that hold the pieces
-    it asks :meth:`ShardedCheckpoint.fetch` for. Collective."""
+    """Open the newest intact sharded checkpoint (or ``step``) on every rank of ``group``: the ranks
+    verify it together, each the shard files it wrote (:func:`agreed_latest`, or :func:`verify_collective`
+    for a given ``step``), then every rank reads only the shard files that hold the pieces it asks
+    :meth:`ShardedCheckpoint.fetch` for. Collective."""
     if step is None:
-        step = agreed_latest(manager, group=group)   # verified on rank 0
+        step = agreed_latest(manager, group=group)   # verified by all ranks, each file once
         if step is None:
             raise CheckpointError(f"no intact checkpoint in {manager.directory}")
         return ShardedCheckpoint(manager, step, manager.manifest(step))
-    return ShardedCheckpoint(manager, step, manager.verify(step))
+    return ShardedCheckpoint(manager, step, verify_collective(manager, step, group=group))

@@ -373,6 +373,78 @@ def test_zero_sharded_checkpoint_reshards_4_to_2(cluster4, cluster2, tmp_path, s
     assert sorted(two[0][2]) == ["shard_00000_of_00004.pt", "shard_00001_of_00004.pt"], two[0][2]
 
 
+def _save_two_steps(rank, world, directory):
+    """Sharded checkpoints of steps 1 and 2, every rank its own file."""
+    from course_lib.checkpoint import CheckpointManager, save_sharded
+    manager = CheckpointManager(directory)
+    for step in (1, 2):
+        save_sharded(manager, step, {"shards": {"w": (4 * rank, torch.full((4,), float(step)))},
+                                     "lengths": {"w": 4 * world}})
+
+
+def _agree_recording_hashes(rank, world, directory):
+    """agreed_latest, with every file this rank hashes recorded: (step, hashed, skipped, warnings)."""
+    from course_lib import checkpoint
+    real, hashed = checkpoint.file_sha256, []
+
+    def recording(path):
+        hashed.append(os.path.basename(path))
+        return real(path)
+
+    checkpoint.file_sha256 = recording
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            manager = checkpoint.CheckpointManager(directory)
+            step = checkpoint.agreed_latest(manager)
+    finally:
+        checkpoint.file_sha256 = real
+    return step, hashed, manager.skipped, [str(w.message) for w in warned]
+
+
+def _load_step(rank, world, directory, step):
+    from course_lib.checkpoint import CheckpointManager, load_sharded
+    load_sharded(CheckpointManager(directory), step)
+
+
+def test_restart_verification_is_split_over_the_ranks(cluster4, cluster2, tmp_path):
+    """Before a restart every rank hashes the shard files it wrote (rank 0 used to hash them all: at a
+    175B model's 2-3 TB, the whole restart); a bad shard is named with the rank that found it."""
+    d = str(tmp_path)
+    cluster4.run(_save_two_steps, d)
+    for r, (step, hashed, skipped, warned) in enumerate(cluster4.run(_agree_recording_hashes, d)):
+        assert step == 2 and not skipped and not warned
+        assert hashed == [f"shard_{r:05d}_of_00004.pt"], (r, hashed)       # its own file of step 2, once
+    # saved on 4 ranks, checked on 2: the writers' files dealt out, two each
+    hashed = [h for _, h, _, _ in cluster2.run(_agree_recording_hashes, d)]
+    assert hashed == [["shard_00000_of_00004.pt", "shard_00002_of_00004.pt"],
+                      ["shard_00001_of_00004.pt", "shard_00003_of_00004.pt"]], hashed
+    # one flipped bit in rank 1's shard of step 2: rank 1 finds it, every rank falls back to step 1
+    bad = tmp_path / "step_00000002" / "shard_00001_of_00004.pt"
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    bad.write_bytes(bytes(data))
+    for r, (step, hashed, skipped, warned) in enumerate(cluster4.run(_agree_recording_hashes, d)):
+        assert step == 1 and [s for s, _ in skipped] == [2], (r, step, skipped)
+        why = skipped[0][1]
+        assert why.startswith("rank 1 of 4: ") and "shard_00001_of_00004.pt: corrupted: SHA-256" in why, why
+        assert hashed == [f"shard_{r:05d}_of_00004.pt"] * 2, (r, hashed)   # step 2's file, then step 1's
+        assert len(warned) == (r == 0) and (r or "skipping checkpoint step 2: rank 1 of 4" in warned[0])
+    # asked for by step: refused on every rank, with the file and the rank that found it
+    with pytest.raises(RankError) as e:
+        cluster2.run(_load_step, d, 2)
+    assert e.value.ranks == [0, 1]
+    assert "rank 1 of 2: " in str(e.value) and "shard_00001_of_00004.pt: corrupted" in str(e.value)
+
+
+def test_who_verifies_which_file():
+    """The writer the manifest records (modulo the group's size); files without one in name order."""
+    manifest = {"files": {"b.pt": {}, "a.pt": {}, "shard_3.pt": {"rank": 3}, "shard_0.pt": {"rank": 0}}}
+    assert checkpoint._verifiers(manifest, 4) == {"a.pt": 0, "b.pt": 1, "shard_0.pt": 0, "shard_3.pt": 3}
+    assert checkpoint._verifiers(manifest, 2) == {"a.pt": 0, "b.pt": 1, "shard_0.pt": 0, "shard_3.pt": 1}
+    assert set(checkpoint._verifiers(manifest, 1).values()) == {0}
+
+
 def test_zero_sharded_checkpoint_from_another_model(cluster2, tmp_path):
     def save(rank, world, d):
         from course_lib.checkpoint import CheckpointManager, save_sharded
