@@ -32,13 +32,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib.collectives import ring_all_reduce_bytes
+
 __all__ = [
     "broadcast_parameters",
     "trainable_parameters",
     "average_gradients",
     "NaiveDDP",
     "BucketedDDP",
-    "ring_allreduce_bytes",
     "shard_range",
     "shard_loss_weight",
     "accumulate_gradients",
@@ -52,16 +53,6 @@ def _current_recorder():
     except ImportError:  # pragma: no cover - trace.py ships with the course
         return None
     return trace.current()
-
-
-def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: ``2 (N-1)/N * nbytes``.
-
-    Source: Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
-    workstations", section 3. Used to account the traffic of ``dist.all_reduce``, whose internal
-    algorithm the backend chooses (so this is the bandwidth-optimal estimate, not a wire capture).
-    """
-    return int(round(2 * (world_size - 1) / world_size * nbytes))
 
 
 def shard_range(n: int, rank: int, world_size: int) -> slice:
@@ -157,7 +148,7 @@ def average_gradients(module: nn.Module, group=None) -> int:
         t0 = time.time()
         dist.all_reduce(flat, group=group)
         if rec is not None:
-            nb = ring_allreduce_bytes(flat.numel() * flat.element_size(), world)
+            nb = round(ring_all_reduce_bytes(flat.numel() * flat.element_size(), world))
             rec.comm("all_reduce", nb, nb, t0, time.time())
         n += 1
         if flat[-1].item() == 0:  # no rank produced a gradient: leave it None
@@ -424,7 +415,7 @@ class BucketedDDP(nn.Module):
             b.work.wait()
             if rec is not None:
                 end = b.t_done[0] if b.t_done else time.time()
-                nb = ring_allreduce_bytes(b.numel * b.flat.element_size(), self.world_size)
+                nb = round(ring_all_reduce_bytes(b.numel * b.flat.element_size(), self.world_size))
                 rec.comm(f"all_reduce bucket {bi}", nb, nb, b.t_launch, end)
             had_grad = b.flat[b.numel:].tolist()  # per parameter: how many ranks had a gradient
             for slot, (p, view) in enumerate(zip(b.params, b.views)):
