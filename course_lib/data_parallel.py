@@ -56,10 +56,12 @@ def _current_recorder():
 
 
 def shard_range(n: int, rank: int, world_size: int) -> slice:
-    """Rank ``rank``'s contiguous share of ``n`` samples: the first ``n % world_size`` ranks get one
-    sample more, so sizes differ by at most one (e.g. n=30, N=4 -> 8, 8, 7, 7).
+    """Rank ``rank``'s contiguous share of ``n`` samples, a ``slice``: the first ``n % world_size`` ranks
+    get one sample more, so sizes differ by at most one (e.g. n=30, N=4 -> 8, 8, 7, 7).
 
-    Raises ValueError when a rank would get no sample (its gradient would be undefined).
+    Raises ValueError when a rank would get no sample (its gradient would be undefined). Tensor
+    parallelism's split is :func:`course_lib.tensor_parallel.even_shard`: the same arguments in the same
+    order, but ``(lo, hi)``, and ``n`` must divide evenly (every rank the same shape).
     """
     for name, v in (("n", n), ("rank", rank), ("world_size", world_size)):
         if isinstance(v, bool) or not isinstance(v, int):

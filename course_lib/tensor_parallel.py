@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from course_lib import collectives, trace
 
 __all__ = [
-    "shard_range",
+    "even_shard",
     "copy_to_tensor_parallel",
     "reduce_from_tensor_parallel",
     "gather_from_tensor_parallel",
@@ -85,11 +85,14 @@ def _size_rank(group) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def shard_range(n: int, world_size: int, rank: int, what: str = "dimension") -> tuple[int, int]:
-    """``(lo, hi)`` of rank ``rank``'s equal slice of ``range(n)``; ``n`` must divide evenly.
+def even_shard(n: int, rank: int, world_size: int, what: str = "dimension") -> tuple[int, int]:
+    """``(lo, hi)`` of rank ``rank``'s equal slice of ``range(n)`` among ``world_size`` ranks; ``n`` must
+    divide evenly.
 
     Tensor parallelism gives every rank the same shape (Megatron requires it), so a degree that does
-    not divide ``n`` is an error that names the sizes that would work.
+    not divide ``n`` is an error that names the sizes that would work (``what`` names the dimension in
+    it). The data-parallel split is :func:`course_lib.data_parallel.shard_range`: the same arguments in
+    the same order, but a ``slice``, and uneven shards allowed (sizes differ by at most one).
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a group of {world_size}")
@@ -127,7 +130,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     t, r = _size_rank(group)
     if t == 1:
         return x.contiguous().clone()
-    shard_range(x.shape[dim], t, r, f"dimension {dim} of the {name} input")
+    even_shard(x.shape[dim], r, t, f"dimension {dim} of the {name} input")
     full = x.movedim(dim, 0).contiguous()                   # (n, ...): rank r's rows are one block
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
     with trace.span("reduce-scatter", name):
@@ -137,7 +140,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
 
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     t, r = _size_rank(group)
-    lo, hi = shard_range(x.shape[dim], t, r, f"dimension {dim}")
+    lo, hi = even_shard(x.shape[dim], r, t, f"dimension {dim}")
     return x.narrow(dim, lo, hi - lo).contiguous()
 
 
@@ -273,7 +276,7 @@ def _rows_of(n: int, t: int, r: int, fused: int, what: str) -> torch.Tensor:
     if fused < 1 or n % fused:
         raise ValueError(f"{what}: {n} rows cannot hold fused={fused} equal matrices")
     part = n // fused
-    lo, hi = shard_range(part, t, r, what if fused == 1 else f"{what} of each of the {fused} fused matrices")
+    lo, hi = even_shard(part, r, t, what if fused == 1 else f"{what} of each of the {fused} fused matrices")
     return torch.cat([torch.arange(j * part + lo, j * part + hi, device="cpu") for j in range(fused)])
 
 
@@ -366,7 +369,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.tp, self.tp_rank = group, t, r
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.sequence_parallel, self.builtin = input_is_parallel, sequence_parallel, builtin
-        lo, hi = shard_range(in_features, t, r, "in_features")
+        lo, hi = even_shard(in_features, r, t, "in_features")
         if _full is None:   # my columns, nn.Linear's distribution; the replicated bias starts at 0
             self.weight = nn.Parameter(_uniform((out_features, hi - lo), in_features, generator))
             self.bias = nn.Parameter(torch.zeros(out_features, device=self.weight.device)) if bias else None
@@ -437,7 +440,7 @@ class ParallelSelfAttention(nn.Module):
 
     def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, n_head: int):
         super().__init__()
-        shard_range(n_head, qkv.tp, qkv.tp_rank, "number of attention heads")
+        even_shard(n_head, qkv.tp_rank, qkv.tp, "number of attention heads")
         self.qkv, self.proj, self.n_head, self.local_heads = qkv, proj, n_head, n_head // qkv.tp
 
     @classmethod
@@ -445,7 +448,7 @@ class ParallelSelfAttention(nn.Module):
                        builtin: bool = False) -> "ParallelSelfAttention":
         """Shard a :class:`course_lib.models.CausalSelfAttention` (fused ``qkv``, then ``proj``)."""
         t, r = _size_rank(group)
-        shard_range(attn.n_head, t, r, "number of attention heads")
+        even_shard(attn.n_head, r, t, "number of attention heads")
         kw = dict(sequence_parallel=sequence_parallel, builtin=builtin)
         return cls(ColumnParallelLinear.from_linear(attn.qkv, group, fused=3, **kw),
                    RowParallelLinear.from_linear(attn.proj, group, **kw), attn.n_head)
@@ -526,7 +529,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         t, r = _size_rank(group)
         self.group, self.builtin, self.num_embeddings = group, builtin, num_embeddings
-        self.lo, self.hi = shard_range(num_embeddings, t, r, "vocabulary size")
+        self.lo, self.hi = even_shard(num_embeddings, r, t, "vocabulary size")
         if _full is None:   # only this rank's rows, initialised as nn.Embedding initialises (N(0, 1))
             self.weight = nn.Parameter(torch.randn(self.hi - self.lo, embedding_dim, device=device))  # (V/t, h)
         else:

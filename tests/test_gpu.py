@@ -207,7 +207,7 @@ def tensor_parallel_case(rank, world_size, sequence_parallel, builtin):
     out.pow(2).sum().backward()
     if sequence_parallel:
         T.all_reduce_sequence_parallel_grads(par, None, builtin=builtin)
-        lo, hi = T.shard_range(8, tp, r)
+        lo, hi = T.even_shard(8, r, tp)
         ref = ref[:, lo:hi]                                  # my chunk of the sequence
     c, h = 8 // tp, 32 // tp                                 # my channels of the attention and the MLP
     q_rows = torch.cat([torch.arange(j * 8 + r * c, j * 8 + (r + 1) * c) for j in range(3)]).to(dev)

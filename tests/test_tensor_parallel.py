@@ -54,7 +54,7 @@ def _block_case(rank, world_size, tp, sequence_parallel, builtin):
     inp.backward(leaf.grad)                          # the input split's backward: an all-gather
     if sequence_parallel:
         T.all_reduce_sequence_parallel_grads(par, group)
-        lo, hi = T.shard_range(8, tp, rank)
+        lo, hi = T.even_shard(8, rank, tp)
         ref_out = ref[:, lo:hi]
     else:
         ref_out = ref
@@ -142,7 +142,7 @@ def _vocab_case(rank, world_size):
     pe = T.VocabParallelEmbedding.from_embedding(emb)
     out = pe(ids)
     out.sum().backward()
-    lo, hi = T.shard_range(12, world_size, rank)
+    lo, hi = T.even_shard(12, rank, world_size)
     logits = torch.randn(3, 4, 12, requires_grad=True)
     tgt = torch.randint(0, 12, (3, 4))
     F.cross_entropy(logits.reshape(-1, 12), tgt.reshape(-1)).backward()
@@ -168,7 +168,7 @@ def _vocab_ce_bf16_ignore_case(rank, world_size):
     from course_lib import tensor_parallel as T
     torch.manual_seed(0)
     V = 16
-    lo, hi = T.shard_range(V, world_size, rank)
+    lo, hi = T.even_shard(V, rank, world_size)
     logits = (torch.randn(2, 6, V) * 4).bfloat16()
     tgt = torch.randint(0, V, (2, 6))
     tgt[0, :3] = -100                                           # a padded prompt
@@ -222,7 +222,7 @@ def _dtensor_case(rank, world_size):
         "fc": ColwiseParallel(input_layouts=Shard(1)),
         "fc_proj": RowwiseParallel(output_layouts=Shard(1)),
     })
-    lo, hi = T.shard_range(8, world_size, rank)
+    lo, hi = T.even_shard(8, rank, world_size)
     x_local = x[:, lo:hi].clone()
     y_dt = dt(x_local)                                     # Shard(1) in, Shard(1) out
     y_dt = y_dt.to_local() if hasattr(y_dt, "to_local") else y_dt
