@@ -53,6 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import collectives, trace
+from course_lib.models import causal_attention
 
 __all__ = [
     "even_shard",
@@ -460,10 +461,7 @@ class ParallelSelfAttention(nn.Module):
         hd = c // self.local_heads
         # (B, T, C/t) -> (B, local_heads, T, head_dim)
         q, k, v = (u.view(B, T, self.local_heads, hd).transpose(1, 2) for u in qkv.split(c, dim=2))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)     # (B, local_heads, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, c)   # (B, T, C/t)
+        y = causal_attention(q, k, v).transpose(1, 2).contiguous().view(B, T, c)   # (B, T, C/t)
         return self.proj(y)                                 # (B, T, C) after g (or (B, T/t, C) with SP)
 
 
