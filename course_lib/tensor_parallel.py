@@ -38,8 +38,9 @@ backward) of ``b s h`` values each: :func:`tp_bytes_per_layer` gives the ring's 
 Collectives. ``builtin=False`` (default) runs the course's ring collectives
 (:mod:`course_lib.collectives`, isend/irecv; their transfers are recorded in an active
 :class:`course_lib.trace.Recorder`); ``builtin=True`` uses ``dist.all_reduce`` and friends (NCCL on
-GPUs). Either way, every collective is recorded as one span of kind ``"all-reduce"``,
-``"all-gather"`` or ``"reduce-scatter"`` in an active recorder, which is how the notebook counts them.
+GPUs). Either way, every collective is recorded in an active recorder as one span of kind ``"comm"``
+named after the operation, ``"all-reduce: <what>"``, ``"all-gather: <what>"`` or
+``"reduce-scatter: <what>"`` (:mod:`course_lib.trace`'s vocabulary), which is how the notebook counts them.
 Every layer takes its process group explicitly (``group=None``: the default group).
 """
 
@@ -109,7 +110,7 @@ def _all_reduce(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tenso
     x = x.contiguous().clone()
     if dist.get_world_size(group) == 1:
         return x
-    with trace.span("all-reduce", name):
+    with trace.span("comm", f"all-reduce: {name}"):
         collectives.all_reduce(x, group=group, builtin=builtin)
     return x
 
@@ -121,7 +122,7 @@ def _all_gather(x: torch.Tensor, dim: int, group, builtin: bool, name: str) -> t
         return x.contiguous().clone()
     x = x.movedim(dim, 0).contiguous()                      # (chunk, ...) with the split dim first
     out = torch.empty((t * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    with trace.span("all-gather", name):
+    with trace.span("comm", f"all-gather: {name}"):
         collectives.all_gather_single(out, x, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()                 # back to the caller's layout
 
@@ -134,7 +135,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     even_shard(x.shape[dim], r, t, f"dimension {dim} of the {name} input")
     full = x.movedim(dim, 0).contiguous()                   # (n, ...): rank r's rows are one block
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
-    with trace.span("reduce-scatter", name):
+    with trace.span("comm", f"reduce-scatter: {name}"):
         collectives.reduce_scatter_single(out, full, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()
 
@@ -555,7 +556,7 @@ class _VocabParallelCE(torch.autograd.Function):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # bf16/fp16 -> fp32, as Megatron
         m = logits.max(dim=-1).values
         if dist.get_world_size(group) > 1:
-            with trace.span("all-reduce", "cross-entropy max"):
+            with trace.span("comm", "all-reduce: cross-entropy max"):
                 dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)   # max has no ring here: builtin
         z = logits - m.unsqueeze(-1)
         e = z.exp()

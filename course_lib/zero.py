@@ -251,18 +251,18 @@ class ZeRO(nn.Module):
         return self._comm.submit(fn, *args)
 
     def _all_gather(self, u: _Unit) -> None:
-        with trace.span("all-gather", f"all-gather {u.name}"):
+        with trace.span("comm", f"all-gather: {u.name}"):
             collectives.all_gather_single(u.full, u.shard, group=self.group, builtin=self.builtin)
 
     def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
         """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
         out = torch.empty(u.shard_size, dtype=flat.dtype, device=flat.device)
-        with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
+        with trace.span("comm", f"reduce-scatter: {u.name}"):
             collectives.reduce_scatter_single(out, flat, "avg", group=self.group, builtin=self.builtin)
         return out
 
     def _all_reduce(self, u: _Unit) -> None:
-        with trace.span("all-reduce", f"all-reduce {u.name}"):
+        with trace.span("comm", f"all-reduce: {u.name}"):
             collectives.all_reduce(u.grad_full, "avg", group=self.group, builtin=self.builtin)
 
     # ------------------------------------------------------------------ stage 3: gather / free
