@@ -1,4 +1,4 @@
-"""Benchmark: our sharded checkpoint (course_lib.fault) vs ``torch.distributed.checkpoint`` on the same states.
+"""Benchmark: our sharded checkpoint (course_lib.checkpoint) vs ``torch.distributed.checkpoint`` on the same states.
 
 On ``--world-size`` ranks, the states of ``TinyMLP(64, hidden, 1, 4)`` with Adam (fp32 values and two
 moments per parameter) are saved and loaded: ours as ZeRO-3 shards (``save_sharded`` / ``load_sharded``,

@@ -44,7 +44,7 @@ def bench(rank, world_size, hidden, tokens, steps, rounds):
     mesh = init_device_mesh("cpu", (world_size,))
     seq = tokens // 2
     x_full = torch.randn(2, seq, hidden)
-    lo, hi = T.shard_range(seq, world_size, rank, "sequence")
+    lo, hi = T.even_shard(seq, rank, world_size, "sequence")
     runners = {}
     for sp in (False, True):
         plan = ({"fc": ColwiseParallel(input_layouts=Shard(1)), "fc_proj": RowwiseParallel(output_layouts=Shard(1))}

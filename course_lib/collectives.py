@@ -122,7 +122,13 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 
 
 def ring_all_reduce_bytes(nbytes: int, world_size: int) -> float:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N-1)/N * n."""
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: ``2 (N-1)/N * nbytes``.
+
+    Source: Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
+    workstations", section 3. A float (the planner's byte counts are fractions of a byte per value);
+    round it to count whole bytes, as :mod:`course_lib.data_parallel` does to account the traffic of
+    ``dist.all_reduce``, whose internal algorithm the backend chooses (so the bandwidth-optimal
+    estimate, not a wire capture)."""
     return 2 * (world_size - 1) / world_size * nbytes
 
 

@@ -32,13 +32,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib.collectives import ring_all_reduce_bytes
+
 __all__ = [
     "broadcast_parameters",
     "trainable_parameters",
     "average_gradients",
     "NaiveDDP",
     "BucketedDDP",
-    "ring_allreduce_bytes",
     "shard_range",
     "shard_loss_weight",
     "accumulate_gradients",
@@ -54,21 +55,13 @@ def _current_recorder():
     return trace.current()
 
 
-def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: ``2 (N-1)/N * nbytes``.
-
-    Source: Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
-    workstations", section 3. Used to account the traffic of ``dist.all_reduce``, whose internal
-    algorithm the backend chooses (so this is the bandwidth-optimal estimate, not a wire capture).
-    """
-    return int(round(2 * (world_size - 1) / world_size * nbytes))
-
-
 def shard_range(n: int, rank: int, world_size: int) -> slice:
-    """Rank ``rank``'s contiguous share of ``n`` samples: the first ``n % world_size`` ranks get one
-    sample more, so sizes differ by at most one (e.g. n=30, N=4 -> 8, 8, 7, 7).
+    """Rank ``rank``'s contiguous share of ``n`` samples, a ``slice``: the first ``n % world_size`` ranks
+    get one sample more, so sizes differ by at most one (e.g. n=30, N=4 -> 8, 8, 7, 7).
 
-    Raises ValueError when a rank would get no sample (its gradient would be undefined).
+    Raises ValueError when a rank would get no sample (its gradient would be undefined). Tensor
+    parallelism's split is :func:`course_lib.tensor_parallel.even_shard`: the same arguments in the same
+    order, but ``(lo, hi)``, and ``n`` must divide evenly (every rank the same shape).
     """
     for name, v in (("n", n), ("rank", rank), ("world_size", world_size)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -157,7 +150,7 @@ def average_gradients(module: nn.Module, group=None) -> int:
         t0 = time.time()
         dist.all_reduce(flat, group=group)
         if rec is not None:
-            nb = ring_allreduce_bytes(flat.numel() * flat.element_size(), world)
+            nb = round(ring_all_reduce_bytes(flat.numel() * flat.element_size(), world))
             rec.comm("all_reduce", nb, nb, t0, time.time())
         n += 1
         if flat[-1].item() == 0:  # no rank produced a gradient: leave it None
@@ -424,7 +417,7 @@ class BucketedDDP(nn.Module):
             b.work.wait()
             if rec is not None:
                 end = b.t_done[0] if b.t_done else time.time()
-                nb = ring_allreduce_bytes(b.numel * b.flat.element_size(), self.world_size)
+                nb = round(ring_all_reduce_bytes(b.numel * b.flat.element_size(), self.world_size))
                 rec.comm(f"all_reduce bucket {bi}", nb, nb, b.t_launch, end)
             had_grad = b.flat[b.numel:].tolist()  # per parameter: how many ranks had a gradient
             for slot, (p, view) in enumerate(zip(b.params, b.views)):

@@ -48,7 +48,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.collectives import comm_device
-from course_lib.mesh import HybridGPT, ProcessMesh
+from course_lib.hybrid_gpt import HybridGPT
+from course_lib.mesh import ProcessMesh
 
 __all__ = ["Recipe", "make_model", "make_batches", "ParallelMoEBlock", "Recomputed", "FrontierGPT",
            "train", "train_reference", "step_flops"]
@@ -156,11 +157,11 @@ class Recomputed(nn.Module):
 
 
 class FrontierGPT(HybridGPT):
-    """:class:`course_lib.mesh.HybridGPT` plus the rest of the recipe (see the module docstring):
+    """:class:`course_lib.hybrid_gpt.HybridGPT` plus the rest of the recipe (see the module docstring):
     recomputed blocks, an MoE block, and ``ZeRO(stage=1)`` with bf16 parameters over the ``dp`` group
     as the optimizer, its gradients accumulated and reduced in fp32, clipped by their global norm.
     ``train_step(x, y)`` does one step; ``save`` / ``load`` write and read sharded checkpoints (every
-    rank its ZeRO slice, :func:`course_lib.fault.save_sharded`)."""
+    rank its ZeRO slice, :func:`course_lib.checkpoint.save_sharded`)."""
 
     def __init__(self, model: nn.Module, pmesh: ProcessMesh, recipe: Recipe):
         from course_lib.zero import ZeRO
@@ -220,7 +221,7 @@ class FrontierGPT(HybridGPT):
 
     def save(self, manager, step: int, extra: dict | None = None) -> dict:
         """Every rank writes its ZeRO slice (keys prefixed by its stage and tp rank); collective."""
-        from course_lib.fault import save_sharded
+        from course_lib.checkpoint import save_sharded
         sd = self.zero.sharded_state_dict()
         state = {"shards": {f"{self.key}/{k}": v for k, v in sd["shards"].items()},
                  "lengths": {f"{self.key}/{k}": v for k, v in sd["lengths"].items()},
@@ -229,7 +230,7 @@ class FrontierGPT(HybridGPT):
 
     def load(self, manager) -> tuple[int, dict]:
         """Load the newest intact checkpoint (same layout); return ``(step, extra)``. Collective."""
-        from course_lib.fault import CheckpointError, load_sharded
+        from course_lib.checkpoint import CheckpointError, load_sharded
         ck = load_sharded(manager)
         saved = ck.manifest["meta"].get("recipe", {})
         mine = asdict(self.recipe)
@@ -267,7 +268,7 @@ def train(rank: int, world_size: int, attempt: int, directory: str, recipe: dict
     after a step), ``n_params`` (this rank's), and at ``measure_step`` ``events``, ``bytes`` and ``peak_bytes``.
     """
     from course_lib import trace
-    from course_lib.fault import CheckpointManager, agreed_latest
+    from course_lib.checkpoint import CheckpointManager, agreed_latest
     from course_lib.memory import track_memory
     from course_lib.mesh import CommMeter, init_process_mesh
 

@@ -6,6 +6,8 @@ mechanism; a parameter cell in each notebook scales them up for GPU demos.
 * ``TinyMLP``       -- a stack of Linear+GELU layers (data parallel, mixed precision, accumulation).
 * ``TinyGPT``       -- a nanoGPT-style decoder-only transformer (``n_layer``, ``n_head``, ``n_embd``);
   ``attention="sdpa"`` swaps the written-out attention for PyTorch's fused kernel (:data:`ATTENTION`).
+* ``causal_attention`` -- that written-out attention on ``q, k, v``, the one the course's tensor-parallel
+  (notebook 07) and recomputing (notebook 11) blocks run too.
 * ``make_regression`` / ``make_tokens`` -- seeded synthetic data.
 * ``SleepLayer``    -- *emulated* compute for timing experiments (notebook 08): it sleeps a set time
   forward and backward, so a pipeline's timeline does not depend on how many CPU cores are free.
@@ -66,8 +68,29 @@ def make_regression(n: int = 256, d_in: int = 16, d_out: int = 1, seed: int = 0,
 
 
 #: How :class:`CausalSelfAttention` computes ``softmax(Q K^T / sqrt(head_dim) + causal mask) V``:
-#: ``"course"`` writes it out, ``"sdpa"`` calls ``F.scaled_dot_product_attention`` (same maths).
+#: ``"course"`` writes it out (:func:`causal_attention`), ``"sdpa"`` calls ``F.scaled_dot_product_attention``
+#: (same maths).
 ATTENTION = ("course", "sdpa")
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                     training: bool = True) -> torch.Tensor:
+    """``dropout(softmax(mask(q k^T / sqrt(d)))) @ v`` with the causal mask, written out: the
+    ``(B, a, s, s)`` score matrix is materialised, masked, soft-maxed and saved for the backward, the
+    way the notebooks count its FLOPs and bytes. ``q, k, v``: ``(B, a, s, d)`` (``a`` heads, or a rank's
+    share of them); returns ``(B, a, s, d)``.
+
+    Dropout on the probabilities (``dropout_p``, when ``training``; ``F.dropout`` with ``p = 0`` returns
+    its input) is :class:`course_lib.recompute.TransformerBlock`'s; :class:`CausalSelfAttention` and
+    :class:`course_lib.tensor_parallel.ParallelSelfAttention` have none. This is the part of attention
+    whose saved tensors grow with ``s^2`` (Korthikanti et al. 2022, §4.1: the ``5as/h`` term of Eq. 1),
+    the part selective recomputation re-runs (§5, notebook 11).
+    """
+    s, d = q.shape[-2], q.shape[-1]
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(d)                       # (B, a, s, s)
+    att = att.masked_fill(~torch.ones(s, s, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    att = F.dropout(att.softmax(dim=-1), dropout_p, training)
+    return att @ v                                                        # (B, a, s, d)
 
 
 class CausalSelfAttention(nn.Module):
@@ -101,10 +124,7 @@ class CausalSelfAttention(nn.Module):
         if self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, n_head, T, head_dim)
         else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, n_head, T, T)
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            y = att @ v  # (B, n_head, T, head_dim)
+            y = causal_attention(q, k, v)  # (B, n_head, T, head_dim)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
 

@@ -27,7 +27,6 @@ all-to-alls each way), :class:`MoEBlock` / :func:`moe_gpt` (the tiny GPT with Mo
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import collectives, trace
+from course_lib._checks import _pos_int
 
 __all__ = [
     "Routing", "router_dtype", "route", "tokens_per_expert", "load_balancing_loss", "router_z_loss",
@@ -43,12 +43,6 @@ __all__ = [
     "Expert", "MoELayer", "ExpertParallelMoE", "MoEBlock", "moe_gpt", "all_to_all_bytes",
     "mixtral_parameters", "MIXTRAL_8X7B",
 ]
-
-
-def _pos_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return int(v)
 
 
 # --------------------------------------------------------------------------- routing

@@ -51,6 +51,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from course_lib import collectives, trace
+from course_lib._checks import _pos_int
 
 __all__ = [
     "Action",
@@ -115,12 +116,6 @@ class ScheduleError(ValueError):
     deadlock (the message names the actions that wait for each other)."""
 
 
-def _check_pos_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def stage_rank(stage: int, p: int) -> int:
     """The rank of a ``p``-rank pipeline group that holds ``stage``: ``stage % p`` (with ``v`` stages per
     rank, rank ``r`` holds stages ``r, r + p, r + 2p, ...``: the looped placement of Megatron-LM and of
@@ -139,7 +134,7 @@ def gpipe_schedule(p: int, m: int) -> list[list[Action]]:
     """GPipe (Huang et al. 2019): every rank runs the forwards of all ``m`` micro-batches, then their
     backwards (in reverse, as autograd would). Rank ``r`` holds all ``m`` micro-batches' activations
     at the turn."""
-    p, m = _check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m)
+    p, m = _pos_int("p (stages)", p), _pos_int("m (micro-batches)", m)
     return [[Action("F", r, i) for i in range(m)] + [Action("B", r, i) for i in reversed(range(m))]
             for r in range(p)]
 
@@ -149,7 +144,7 @@ def one_f_one_b_schedule(p: int, m: int) -> list[list[Action]]:
     ``min(p - r - 1, m)`` forwards, then alternates one forward and one backward, then cools down with
     the remaining backwards. Same bubble as GPipe, but rank ``r`` holds at most ``min(p - r, m)``
     micro-batches' activations instead of ``m``."""
-    p, m = _check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m)
+    p, m = _pos_int("p (stages)", p), _pos_int("m (micro-batches)", m)
     out = []
     for r in range(p):
         warm = min(p - r - 1, m)
@@ -170,8 +165,8 @@ def interleaved_1f1b_schedule(p: int, m: int, v: int) -> list[list[Action]]:
     virtual stage 0, then 1, ...; ``2 (p - r - 1) + (v - 1) p`` forwards warm up, then one forward /
     one backward, then the backwards that are left. Needs ``m`` divisible by ``p``.
     """
-    p, m, v = (_check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m),
-               _check_pos_int("v (virtual stages per rank)", v))
+    p, m, v = (_pos_int("p (stages)", p), _pos_int("m (micro-batches)", m),
+               _pos_int("v (virtual stages per rank)", v))
     if m % p:
         raise ValueError(f"the interleaved schedule sends micro-batches through in groups of p = {p}: "
                          f"m = {m} must be a multiple of {p} (use m = {max(p, m // p * p)} or "
@@ -208,7 +203,7 @@ def zb_h1_schedule(p: int, m: int) -> list[list[Action]]:
     Built greedily from a unit-time simulation (F = B = W = 1): the order is data and valid for any
     action times (a W depends only on its own B), optimal for equal times.
     """
-    p, m = _check_pos_int("p (stages)", p), _check_pos_int("m (micro-batches)", m)
+    p, m = _pos_int("p (stages)", p), _pos_int("m (micro-batches)", m)
     base = one_f_one_b_schedule(p, m)
     done: dict[tuple, float] = {}
     free = [0.0] * p
@@ -339,7 +334,7 @@ def _validated(schedule, n_microbatches: int | None = None) -> tuple[dict, list[
     """:func:`validate_schedule`'s checks; returns its dict and the runner's :func:`_programs`."""
     p, n_stages, m, split = _shape(schedule)
     if n_microbatches is not None:
-        n_microbatches = _check_pos_int("n_microbatches", n_microbatches)
+        n_microbatches = _pos_int("n_microbatches", n_microbatches)
         if m > n_microbatches:
             raise ScheduleError(f"the schedule uses micro-batch {m - 1} but there are only "
                                 f"{n_microbatches} (0 .. {n_microbatches - 1})")
@@ -641,7 +636,7 @@ def theoretical_bubble(p: int, m: int, v: int = 1) -> float:
     """``(p - 1) / (v m + p - 1)``: the idle share of GPipe and 1F1B (``v = 1``; Huang et al. 2019) and of
     interleaved 1F1B with ``v`` virtual stages per rank (Narayanan et al. 2021, §2.2.2), when every stage
     takes the same time and communication is free."""
-    p, m, v = _check_pos_int("p", p), _check_pos_int("m", m), _check_pos_int("v", v)
+    p, m, v = _pos_int("p", p), _pos_int("m", m), _pos_int("v", v)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -666,7 +661,7 @@ def peak_in_flight(schedule: Sequence[Sequence[Action]]) -> list[int]:
 # --------------------------------------------------------------------------- partitioning
 def split_microbatches(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
     """``batch`` cut into ``m`` equal micro-batches along dimension 0 (views, no copy)."""
-    m = _check_pos_int("m (micro-batches)", m)
+    m = _pos_int("m (micro-batches)", m)
     if not isinstance(batch, torch.Tensor) or batch.dim() == 0:
         raise TypeError(f"batch must be a tensor with a batch dimension, got {batch!r}")
     n = batch.shape[0]
@@ -697,7 +692,7 @@ def layer_costs(model: nn.Sequential, by: str = "params", example: torch.Tensor 
         raise ValueError(f"by must be 'params' or 'time', got {by!r}")
     if example is None:
         raise ValueError("by='time' measures each layer on an input: pass example=<a batch for the model>")
-    repeats, loops = _check_pos_int("repeats", repeats), _check_pos_int("loops", loops)
+    repeats, loops = _pos_int("repeats", repeats), _pos_int("loops", loops)
     inputs, x = [], example
     for layer in model:                          # the warm-up pass, which also gives each layer its input
         x = x.detach().requires_grad_(x.is_floating_point())
@@ -722,7 +717,7 @@ def balance(costs: Sequence[float], n_stages: int) -> list[range]:
     Returns one ``range`` of layer indices per stage. Exact (dynamic programming over cut points)."""
     costs = [float(c) for c in costs]
     L = len(costs)
-    n_stages = _check_pos_int("n_stages", n_stages)
+    n_stages = _pos_int("n_stages", n_stages)
     if n_stages > L:
         raise ValueError(f"cannot cut {L} layers into {n_stages} stages: every stage needs at least one "
                          f"layer; use at most {L} stages (or a model with more layers)")

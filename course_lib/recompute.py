@@ -25,21 +25,22 @@ draws the same masks) inside ``torch.random.fork_rng`` (so the global RNG ends w
 un-checkpointed run leaves it), and both replay the forward's autocast state (the standard AMP pattern
 runs the forward under ``torch.autocast`` and the backward outside it; the recomputation must still
 compute in bf16/fp16, as ``torch.utils.checkpoint`` records the autocast state for). Selective recomputation (Korthikanti et al. 2022, §5) checkpoints only the attention
-core: :func:`attention_core` and :class:`TransformerBlock` with ``recompute="selective"``.
+core: :func:`course_lib.models.causal_attention` in :class:`TransformerBlock` with ``recompute="selective"``.
 Checkpointing is per device: nothing here communicates.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.models import causal_attention
+
 __all__ = ["checkpoint", "checkpoint_reentrant", "checkpoint_sequential", "segment_bounds",
-           "attention_core", "TransformerBlock", "RECOMPUTE"]
+           "TransformerBlock", "RECOMPUTE"]
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -283,29 +284,14 @@ def checkpoint_sequential(layers, segments: int, x, preserve_rng_state: bool = T
 
 # --------------------------------------------------------------------------- selective
 
-def attention_core(q, k, v, dropout_p: float = 0.0, training: bool = True, causal: bool = True):
-    """``dropout(softmax(mask(q k^T / sqrt(d)))) @ v``: the part of attention whose saved tensors
-    grow with ``s^2`` (Korthikanti et al. 2022, §4.1: the ``5as/h`` term of Eq. 1).
-
-    ``q, k, v``: ``(B, a, s, d)``; returns ``(B, a, s, d)``. Recomputing only this
-    ("selective recomputation", §5) removes the ``as^2b`` terms at a small FLOP cost.
-    """
-    s, d = q.shape[-2], q.shape[-1]
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(d)                       # (B, a, s, s)
-    if causal:
-        att = att.masked_fill(~torch.ones(s, s, dtype=torch.bool, device=q.device).tril(),
-                              float("-inf"))
-    att = F.dropout(att.softmax(dim=-1), dropout_p, training)
-    return att @ v                                                        # (B, a, s, d)
-
-
 class TransformerBlock(nn.Module):
     """``course_lib.models.Block`` with dropout (Korthikanti's layer) and a ``recompute`` choice.
 
     Same parameters and names as ``models.Block`` (``ln1, attn.qkv, attn.proj, ln2, fc, fc_proj``:
     ``load_state_dict`` works both ways); dropout ``p`` on the attention probabilities, after the
     attention projection and after the MLP. ``recompute``: ``"none"``, ``"selective"`` (checkpoint
-    :func:`attention_core` only) or ``"full"`` (checkpoint the whole block; keeps its input).
+    the attention core, :func:`course_lib.models.causal_attention`, only: recomputing it removes the
+    ``as^2b`` terms at a small FLOP cost) or ``"full"`` (checkpoint the whole block; keeps its input).
     Input and output ``(B, s, h)``.
     """
 
@@ -329,9 +315,9 @@ class TransformerBlock(nn.Module):
         q, k, v = self.attn.qkv(x).split(C, dim=2)                          # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.recompute == "selective":
-            y = checkpoint(attention_core, q, k, v, self.p, self.training)
+            y = checkpoint(causal_attention, q, k, v, self.p, self.training)
         else:
-            y = attention_core(q, k, v, self.p, self.training)              # (B, a, T, d)
+            y = causal_attention(q, k, v, self.p, self.training)            # (B, a, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                    # (B, T, C)
         return F.dropout(self.attn.proj(y), self.p, self.training)
 

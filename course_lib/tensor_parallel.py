@@ -38,8 +38,9 @@ backward) of ``b s h`` values each: :func:`tp_bytes_per_layer` gives the ring's 
 Collectives. ``builtin=False`` (default) runs the course's ring collectives
 (:mod:`course_lib.collectives`, isend/irecv; their transfers are recorded in an active
 :class:`course_lib.trace.Recorder`); ``builtin=True`` uses ``dist.all_reduce`` and friends (NCCL on
-GPUs). Either way, every collective is recorded as one span of kind ``"all-reduce"``,
-``"all-gather"`` or ``"reduce-scatter"`` in an active recorder, which is how the notebook counts them.
+GPUs). Either way, every collective is recorded in an active recorder as one span of kind ``"comm"``
+named after the operation, ``"all-reduce: <what>"``, ``"all-gather: <what>"`` or
+``"reduce-scatter: <what>"`` (:mod:`course_lib.trace`'s vocabulary), which is how the notebook counts them.
 Every layer takes its process group explicitly (``group=None``: the default group).
 """
 
@@ -53,9 +54,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import collectives, trace
+from course_lib.models import causal_attention
 
 __all__ = [
-    "shard_range",
+    "even_shard",
     "copy_to_tensor_parallel",
     "reduce_from_tensor_parallel",
     "gather_from_tensor_parallel",
@@ -85,11 +87,14 @@ def _size_rank(group) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def shard_range(n: int, world_size: int, rank: int, what: str = "dimension") -> tuple[int, int]:
-    """``(lo, hi)`` of rank ``rank``'s equal slice of ``range(n)``; ``n`` must divide evenly.
+def even_shard(n: int, rank: int, world_size: int, what: str = "dimension") -> tuple[int, int]:
+    """``(lo, hi)`` of rank ``rank``'s equal slice of ``range(n)`` among ``world_size`` ranks; ``n`` must
+    divide evenly.
 
     Tensor parallelism gives every rank the same shape (Megatron requires it), so a degree that does
-    not divide ``n`` is an error that names the sizes that would work.
+    not divide ``n`` is an error that names the sizes that would work (``what`` names the dimension in
+    it). The data-parallel split is :func:`course_lib.data_parallel.shard_range`: the same arguments in
+    the same order, but a ``slice``, and uneven shards allowed (sizes differ by at most one).
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a group of {world_size}")
@@ -105,7 +110,7 @@ def _all_reduce(x: torch.Tensor, group, builtin: bool, name: str) -> torch.Tenso
     x = x.contiguous().clone()
     if dist.get_world_size(group) == 1:
         return x
-    with trace.span("all-reduce", name):
+    with trace.span("comm", f"all-reduce: {name}"):
         collectives.all_reduce(x, group=group, builtin=builtin)
     return x
 
@@ -117,7 +122,7 @@ def _all_gather(x: torch.Tensor, dim: int, group, builtin: bool, name: str) -> t
         return x.contiguous().clone()
     x = x.movedim(dim, 0).contiguous()                      # (chunk, ...) with the split dim first
     out = torch.empty((t * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    with trace.span("all-gather", name):
+    with trace.span("comm", f"all-gather: {name}"):
         collectives.all_gather_single(out, x, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()                 # back to the caller's layout
 
@@ -127,17 +132,17 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group, builtin: bool, name: str) 
     t, r = _size_rank(group)
     if t == 1:
         return x.contiguous().clone()
-    shard_range(x.shape[dim], t, r, f"dimension {dim} of the {name} input")
+    even_shard(x.shape[dim], r, t, f"dimension {dim} of the {name} input")
     full = x.movedim(dim, 0).contiguous()                   # (n, ...): rank r's rows are one block
     out = torch.empty((full.shape[0] // t,) + tuple(full.shape[1:]), dtype=x.dtype, device=x.device)
-    with trace.span("reduce-scatter", name):
+    with trace.span("comm", f"reduce-scatter: {name}"):
         collectives.reduce_scatter_single(out, full, group=group, builtin=builtin)
     return out.movedim(0, dim).contiguous()
 
 
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     t, r = _size_rank(group)
-    lo, hi = shard_range(x.shape[dim], t, r, f"dimension {dim}")
+    lo, hi = even_shard(x.shape[dim], r, t, f"dimension {dim}")
     return x.narrow(dim, lo, hi - lo).contiguous()
 
 
@@ -273,7 +278,7 @@ def _rows_of(n: int, t: int, r: int, fused: int, what: str) -> torch.Tensor:
     if fused < 1 or n % fused:
         raise ValueError(f"{what}: {n} rows cannot hold fused={fused} equal matrices")
     part = n // fused
-    lo, hi = shard_range(part, t, r, what if fused == 1 else f"{what} of each of the {fused} fused matrices")
+    lo, hi = even_shard(part, r, t, what if fused == 1 else f"{what} of each of the {fused} fused matrices")
     return torch.cat([torch.arange(j * part + lo, j * part + hi, device="cpu") for j in range(fused)])
 
 
@@ -393,7 +398,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.tp, self.tp_rank = group, t, r
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.sequence_parallel, self.builtin = input_is_parallel, sequence_parallel, builtin
-        lo, hi = shard_range(in_features, t, r, "in_features")
+        lo, hi = even_shard(in_features, r, t, "in_features")
         if _full is None:   # my columns, nn.Linear's distribution; the replicated bias starts at 0
             self.weight = nn.Parameter(_uniform((out_features, hi - lo), in_features, generator))
             self.bias = nn.Parameter(torch.zeros(out_features, device=self.weight.device)) if bias else None
@@ -491,7 +496,7 @@ class ParallelSelfAttention(nn.Module):
 
     def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, n_head: int):
         super().__init__()
-        shard_range(n_head, qkv.tp, qkv.tp_rank, "number of attention heads")
+        even_shard(n_head, qkv.tp_rank, qkv.tp, "number of attention heads")
         self.qkv, self.proj, self.n_head, self.local_heads = qkv, proj, n_head, n_head // qkv.tp
 
     @classmethod
@@ -499,7 +504,7 @@ class ParallelSelfAttention(nn.Module):
                        builtin: bool = False) -> "ParallelSelfAttention":
         """Shard a :class:`course_lib.models.CausalSelfAttention` (fused ``qkv``, then ``proj``)."""
         t, r = _size_rank(group)
-        shard_range(attn.n_head, t, r, "number of attention heads")
+        even_shard(attn.n_head, r, t, "number of attention heads")
         kw = dict(sequence_parallel=sequence_parallel, builtin=builtin)
         return cls(ColumnParallelLinear.from_linear(attn.qkv, group, fused=3, **kw),
                    RowParallelLinear.from_linear(attn.proj, group, **kw), attn.n_head)
@@ -511,10 +516,7 @@ class ParallelSelfAttention(nn.Module):
         hd = c // self.local_heads
         # (B, T, C/t) -> (B, local_heads, T, head_dim)
         q, k, v = (u.view(B, T, self.local_heads, hd).transpose(1, 2) for u in qkv.split(c, dim=2))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)     # (B, local_heads, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, c)   # (B, T, C/t)
+        y = causal_attention(q, k, v).transpose(1, 2).contiguous().view(B, T, c)   # (B, T, C/t)
         return self.proj(y)                                 # (B, T, C) after g (or (B, T/t, C) with SP)
 
 
@@ -580,7 +582,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         t, r = _size_rank(group)
         self.group, self.builtin, self.num_embeddings = group, builtin, num_embeddings
-        self.lo, self.hi = shard_range(num_embeddings, t, r, "vocabulary size")
+        self.lo, self.hi = even_shard(num_embeddings, r, t, "vocabulary size")
         if _full is None:   # only this rank's rows, initialised as nn.Embedding initialises (N(0, 1))
             self.weight = nn.Parameter(torch.randn(self.hi - self.lo, embedding_dim, device=device))  # (V/t, h)
         else:
@@ -608,7 +610,7 @@ class _VocabParallelCE(torch.autograd.Function):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # bf16/fp16 -> fp32, as Megatron
         m = logits.max(dim=-1).values
         if dist.get_world_size(group) > 1:
-            with trace.span("all-reduce", "cross-entropy max"):
+            with trace.span("comm", "all-reduce: cross-entropy max"):
                 dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)   # max has no ring here: builtin
         z = logits - m.unsqueeze(-1)
         e = z.exp()

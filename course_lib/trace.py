@@ -21,8 +21,23 @@ when the recorder is entered. All ranks of the virtual cluster share one machine
 events line up on one axis. Use :meth:`Recorder.now` to read that clock.
 
 Event dict keys: ``rank, kind, name, start, end, bytes_sent, bytes_recv`` (plus any extra keyword
-given to :meth:`Recorder.comm`, e.g. ``peer``). ``kind`` is ``"compute"`` or ``"comm"`` by
-convention (free text is allowed and gets its own colour in the timeline).
+given to :meth:`Recorder.comm`, e.g. ``peer``).
+
+Kinds. ``kind`` says what the time was spent on, ``name`` which operation it was:
+
+* ``"compute"``: a phase of computation, e.g. ``span("compute", "route")``;
+* ``"comm"``: communication, at two levels. A collective of a layer or optimizer (tensor parallelism,
+  ZeRO, expert parallelism) is one span named ``"<operation>: <what>"``, e.g.
+  ``span("comm", "all-reduce: g forward")`` or ``"all-to-all: dispatch"``; inside it, the course's own
+  collectives record every transfer with :meth:`Recorder.comm`, named ``"<algorithm>/<step>"``
+  (``"ring_all_reduce/reduce-scatter step 0"``) and carrying its bytes. Keep one level or the other
+  by the name (``": "`` for the collective, ``"/"`` for the transfers);
+* ``"forward"``, ``"backward"``, ``"weight"``: compute of one pipeline action (:mod:`course_lib.pipeline`),
+  kinds of their own because :func:`course_lib.viz.plot_pipeline` and
+  :func:`course_lib.pipeline.bubble_fraction` tell them apart.
+
+Other text is allowed (a notebook may relabel events to draw them); :func:`course_lib.viz.plot_timeline`
+gives each kind of this vocabulary a fixed colour and any other kind the next free one.
 """
 
 from __future__ import annotations

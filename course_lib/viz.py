@@ -15,8 +15,10 @@ from typing import Sequence
 __all__ = ["show", "plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps",
            "plot_zero_layout", "plot_zero_stages", "plot_tp_split", "KIND_COLORS", "RANK_COLORS"]
 
-# Fixed colours for the two conventional kinds, so compute/comm look the same in every notebook.
-KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange"}
+# Fixed colours for the kinds of course_lib.trace's vocabulary, so that compute, communication and a
+# pipeline's forwards and backwards look the same in every notebook whichever kind comes first.
+KIND_COLORS = {"compute": "tab:blue", "comm": "tab:orange", "forward": "tab:red", "backward": "tab:purple",
+               "weight": "tab:brown"}
 _EXTRA_COLORS = ["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
                  "tab:cyan", "tab:gray"]
 
@@ -97,9 +99,12 @@ def plot_timeline(events_per_rank: Sequence[Sequence[dict]], ax=None,
     span_ms = max((t_end - t0) * 1e3, 1e-9)
 
     colors = dict(KIND_COLORS)
-    for e in all_events:  # any other kind gets the next free colour, in order of appearance
+    extra = 0
+    for e in all_events:  # any other kind gets the next colour no kind has, in order of appearance
         if e["kind"] not in colors:
-            colors[e["kind"]] = _EXTRA_COLORS[(len(colors) - 2) % len(_EXTRA_COLORS)]
+            free = [c for c in _EXTRA_COLORS if c not in colors.values()]
+            colors[e["kind"]] = free[0] if free else _EXTRA_COLORS[extra % len(_EXTRA_COLORS)]
+            extra += 1
 
     height = 0.7
     for row, evs in enumerate(events_per_rank):

@@ -279,20 +279,20 @@ class ZeRO(nn.Module):
         return self._comm.submit(fn, *args)
 
     def _all_gather(self, u: _Unit) -> None:
-        with trace.span("all-gather", f"all-gather {u.name}"):
+        with trace.span("comm", f"all-gather: {u.name}"):
             collectives.all_gather_single(u.full, u.shard, group=self.group, builtin=self.builtin,
                                           transport=self.transport)
 
     def _reduce_scatter(self, u: _Unit, flat: torch.Tensor) -> torch.Tensor:
         """Average ``flat`` (padded,) over the ranks; return this rank's slice (shard_size,)."""
         out = torch.empty(u.shard_size, dtype=flat.dtype, device=flat.device)
-        with trace.span("reduce-scatter", f"reduce-scatter {u.name}"):
+        with trace.span("comm", f"reduce-scatter: {u.name}"):
             collectives.reduce_scatter_single(out, flat, "avg", group=self.group, builtin=self.builtin,
                                               transport=self.transport)
         return out
 
     def _all_reduce(self, u: _Unit) -> None:
-        with trace.span("all-reduce", f"all-reduce {u.name}"):
+        with trace.span("comm", f"all-reduce: {u.name}"):
             collectives.all_reduce(u.grad_full, "avg", group=self.group, builtin=self.builtin,
                                    transport=self.transport)
 
@@ -581,7 +581,7 @@ class ZeRO(nn.Module):
     @torch.no_grad()
     def sharded_state_dict(self) -> dict:
         """This rank's part of the model states, for a sharded checkpoint
-        (:func:`course_lib.fault.save_sharded`): the fp32 master values and Adam's two moments of the
+        (:func:`course_lib.checkpoint.save_sharded`): the fp32 master values and Adam's two moments of the
         slice it owns, addressed by *global* offsets so that a checkpoint saved on N ranks loads on M.
 
         Returns ``{"shards": {key: (start, tensor)}, "lengths": {key: numel}, "replicated": {...}}``
@@ -611,7 +611,7 @@ class ZeRO(nn.Module):
         """Load the states saved by :meth:`sharded_state_dict` on any number of ranks.
 
         ``fetch(key, start, stop)`` returns the values ``[start, stop)`` of the global flat vector
-        ``key`` (:func:`course_lib.fault.load_sharded` reads them from whichever shard files hold
+        ``key`` (:func:`course_lib.checkpoint.load_sharded` reads them from whichever shard files hold
         them); ``replicated`` is the saved ``"replicated"`` dict. Every rank of the group must call it.
         """
         names = [u.name for u in self.units]

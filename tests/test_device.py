@@ -37,7 +37,7 @@ FACTORIES = {"empty", "zeros", "ones", "full", "arange", "range", "tensor", "as_
 
 # (file under course_lib, function) -> why its factory calls may name no device, or the CPU.
 ALLOWED = {
-    ("fault.py", "ResumableSampler._epoch_order"):
+    ("checkpoint.py", "ResumableSampler._epoch_order"):
         "sample indices drawn by a seeded CPU generator: the same order on every machine; they index "
         "data on any device",
     ("models.py", "make_regression"):

@@ -1,4 +1,4 @@
-"""Fault-tolerant training (course_lib.fault, course_lib.demos.resilient).
+"""Fault-tolerant training (course_lib.checkpoint, course_lib.fault, course_lib.demos.resilient).
 
 Bitwise resume after SIGKILLs at many different steps, on 1 and 2 ranks; what breaks when a part of the
 state is left out; atomic saves (a crash in the middle leaves the previous checkpoint); truncated and
@@ -18,11 +18,25 @@ import warnings
 import pytest
 import torch
 
-from course_lib import fault
+from course_lib import checkpoint, fault
 from course_lib.demos.resilient import PARTS, train
-from course_lib.fault import (CheckpointError, CheckpointManager, FaultPlan, ResumableSampler,
-                              restore_training_state, run_with_restarts, training_state)
+from course_lib.checkpoint import (CheckpointError, CheckpointManager, ResumableSampler, restore_training_state,
+                                   training_state)
+from course_lib.fault import FaultPlan, run_with_restarts
 from course_lib.launch import Cluster, RankError
+
+
+def test_checkpoint_holds_the_storage_and_fault_the_rest():
+    """course_lib.checkpoint (storage) imports nothing else of course_lib; course_lib.fault (failures,
+    restarts, goodput) holds none of checkpoint's names, so nothing is found at its old place."""
+    import ast
+    import inspect
+    for name in checkpoint.__all__:
+        assert not hasattr(fault, name), f"course_lib.fault.{name}"
+    tree = ast.parse(inspect.getsource(checkpoint))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not sorted(m for m in imported if m.split(".")[0] == "course_lib")
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +221,7 @@ def test_cuda_rng_states_are_saved_and_restored_when_the_process_uses_cuda(monke
     with pytest.raises(CheckpointError, match=r"RNG states of 2 CUDA device\(s\) but this process sees 1"):
         restore_training_state(state, m, opt)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)   # never used CUDA: nothing drawn
-    assert "cuda" not in fault.rng_state()
+    assert "cuda" not in checkpoint.rng_state()
 
 
 def test_checkpoint_from_another_model_names_the_keys(tmp_path):
@@ -220,7 +234,7 @@ def test_checkpoint_from_another_model_names_the_keys(tmp_path):
         restore_training_state(state, other, torch.optim.Adam(other.parameters()))
     with pytest.raises(CheckpointError, match="no scheduler state"):
         restore_training_state(state, m, opt, scheduler=torch.optim.lr_scheduler.StepLR(opt, 1))
-    with pytest.raises(CheckpointError, match="not a course_lib.fault training state"):
+    with pytest.raises(CheckpointError, match="not a course_lib.checkpoint training state"):
         restore_training_state({"model": {}}, m, opt)
     with pytest.raises(ValueError, match="step must be"):
         training_state(m, opt, step=-1)
@@ -269,7 +283,8 @@ def test_keep_last_and_unfinished_saves(tmp_path):
 
 CRASH = textwrap.dedent("""
     import sys, torch
-    from course_lib.fault import CheckpointManager, atomic_save, kill_self
+    from course_lib.checkpoint import CheckpointManager, atomic_save
+    from course_lib.fault import kill_self
     where, d = sys.argv[1], sys.argv[2]
     big = {"w": torch.arange(6_000_000, dtype=torch.float32)}      # 24 MB: six 4 MiB chunks
     if where == "mid-file":
@@ -286,7 +301,7 @@ CRASH = textwrap.dedent("""
 def test_a_crash_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path, where):
     mgr = CheckpointManager(tmp_path, keep_last=2)
     mgr.save(1, {"w": torch.zeros(3)})
-    fault.atomic_save({"old": 1}, tmp_path / "file.pt")
+    checkpoint.atomic_save({"old": 1}, tmp_path / "file.pt")
     before = (tmp_path / "file.pt").read_bytes()
     proc = subprocess.run([sys.executable, "-c", CRASH, where, str(tmp_path)], capture_output=True,
                           text=True, timeout=120)
@@ -320,7 +335,7 @@ def _zero_train(z, rank, world, steps):
 
 
 def _zero_save(rank, world, directory, stage, steps, more):
-    from course_lib.fault import CheckpointManager, save_sharded
+    from course_lib.checkpoint import CheckpointManager, save_sharded
     from course_lib.zero import ZeRO
     z = ZeRO(_zero_model(0), stage, lr=1e-2)
     _zero_train(z, rank, world, steps)
@@ -331,7 +346,7 @@ def _zero_save(rank, world, directory, stage, steps, more):
 
 
 def _zero_load(rank, world, directory, stage, more):
-    from course_lib.fault import CheckpointManager, load_sharded
+    from course_lib.checkpoint import CheckpointManager, load_sharded
     from course_lib.zero import ZeRO
     z = ZeRO(_zero_model(1), stage, lr=1e-2)             # different initial values: all must be loaded
     ck = load_sharded(CheckpointManager(directory))
@@ -358,14 +373,86 @@ def test_zero_sharded_checkpoint_reshards_4_to_2(cluster4, cluster2, tmp_path, s
     assert sorted(two[0][2]) == ["shard_00000_of_00004.pt", "shard_00001_of_00004.pt"], two[0][2]
 
 
+def _save_two_steps(rank, world, directory):
+    """Sharded checkpoints of steps 1 and 2, every rank its own file."""
+    from course_lib.checkpoint import CheckpointManager, save_sharded
+    manager = CheckpointManager(directory)
+    for step in (1, 2):
+        save_sharded(manager, step, {"shards": {"w": (4 * rank, torch.full((4,), float(step)))},
+                                     "lengths": {"w": 4 * world}})
+
+
+def _agree_recording_hashes(rank, world, directory):
+    """agreed_latest, with every file this rank hashes recorded: (step, hashed, skipped, warnings)."""
+    from course_lib import checkpoint
+    real, hashed = checkpoint.file_sha256, []
+
+    def recording(path):
+        hashed.append(os.path.basename(path))
+        return real(path)
+
+    checkpoint.file_sha256 = recording
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            manager = checkpoint.CheckpointManager(directory)
+            step = checkpoint.agreed_latest(manager)
+    finally:
+        checkpoint.file_sha256 = real
+    return step, hashed, manager.skipped, [str(w.message) for w in warned]
+
+
+def _load_step(rank, world, directory, step):
+    from course_lib.checkpoint import CheckpointManager, load_sharded
+    load_sharded(CheckpointManager(directory), step)
+
+
+def test_restart_verification_is_split_over_the_ranks(cluster4, cluster2, tmp_path):
+    """Before a restart every rank hashes the shard files it wrote (rank 0 used to hash them all: at a
+    175B model's 2-3 TB, the whole restart); a bad shard is named with the rank that found it."""
+    d = str(tmp_path)
+    cluster4.run(_save_two_steps, d)
+    for r, (step, hashed, skipped, warned) in enumerate(cluster4.run(_agree_recording_hashes, d)):
+        assert step == 2 and not skipped and not warned
+        assert hashed == [f"shard_{r:05d}_of_00004.pt"], (r, hashed)       # its own file of step 2, once
+    # saved on 4 ranks, checked on 2: the writers' files dealt out, two each
+    hashed = [h for _, h, _, _ in cluster2.run(_agree_recording_hashes, d)]
+    assert hashed == [["shard_00000_of_00004.pt", "shard_00002_of_00004.pt"],
+                      ["shard_00001_of_00004.pt", "shard_00003_of_00004.pt"]], hashed
+    # one flipped bit in rank 1's shard of step 2: rank 1 finds it, every rank falls back to step 1
+    bad = tmp_path / "step_00000002" / "shard_00001_of_00004.pt"
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    bad.write_bytes(bytes(data))
+    for r, (step, hashed, skipped, warned) in enumerate(cluster4.run(_agree_recording_hashes, d)):
+        assert step == 1 and [s for s, _ in skipped] == [2], (r, step, skipped)
+        why = skipped[0][1]
+        assert why.startswith("rank 1 of 4: ") and "shard_00001_of_00004.pt: corrupted: SHA-256" in why, why
+        assert hashed == [f"shard_{r:05d}_of_00004.pt"] * 2, (r, hashed)   # step 2's file, then step 1's
+        assert len(warned) == (r == 0) and (r or "skipping checkpoint step 2: rank 1 of 4" in warned[0])
+    # asked for by step: refused on every rank, with the file and the rank that found it
+    with pytest.raises(RankError) as e:
+        cluster2.run(_load_step, d, 2)
+    assert e.value.ranks == [0, 1]
+    assert "rank 1 of 2: " in str(e.value) and "shard_00001_of_00004.pt: corrupted" in str(e.value)
+
+
+def test_who_verifies_which_file():
+    """The writer the manifest records (modulo the group's size); files without one in name order."""
+    manifest = {"files": {"b.pt": {}, "a.pt": {}, "shard_3.pt": {"rank": 3}, "shard_0.pt": {"rank": 0}}}
+    assert checkpoint._verifiers(manifest, 4) == {"a.pt": 0, "b.pt": 1, "shard_0.pt": 0, "shard_3.pt": 3}
+    assert checkpoint._verifiers(manifest, 2) == {"a.pt": 0, "b.pt": 1, "shard_0.pt": 0, "shard_3.pt": 1}
+    assert set(checkpoint._verifiers(manifest, 1).values()) == {0}
+
+
 def test_zero_sharded_checkpoint_from_another_model(cluster2, tmp_path):
     def save(rank, world, d):
-        from course_lib.fault import CheckpointManager, save_sharded
+        from course_lib.checkpoint import CheckpointManager, save_sharded
         from course_lib.zero import ZeRO
         save_sharded(CheckpointManager(d), 1, ZeRO(_zero_model(0), 1).sharded_state_dict())
 
     def load_other(rank, world, d):
-        from course_lib.fault import CheckpointManager, load_sharded
+        from course_lib.checkpoint import CheckpointManager, load_sharded
         from course_lib.models import TinyMLP
         from course_lib.zero import ZeRO
         z = ZeRO(TinyMLP(5, 6, 1, 2), 1)
@@ -475,7 +562,7 @@ def test_goodput_formula_matches_simulation_and_young_daly():
 def test_a_directory_that_cannot_be_fsynced_is_said_once(tmp_path, monkeypatch):
     """_fsync_dir used to swallow the error; now a file system that cannot fsync a directory gets one
     warning naming the directory and the reason, and the save still completes."""
-    import course_lib.fault as F
+    import course_lib.checkpoint as F
 
     def refuse(fd):
         raise OSError(22, "Invalid argument")

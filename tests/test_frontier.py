@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from course_lib import frontier as FR
-from course_lib.fault import CheckpointError, FaultPlan, run_with_restarts
+from course_lib.fault import FaultPlan, run_with_restarts
 from course_lib.launch import Cluster, RankError
 
 

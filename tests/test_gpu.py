@@ -207,7 +207,7 @@ def tensor_parallel_case(rank, world_size, sequence_parallel, builtin):
     out.pow(2).sum().backward()
     if sequence_parallel:
         T.all_reduce_sequence_parallel_grads(par, None, builtin=builtin)
-        lo, hi = T.shard_range(8, tp, r)
+        lo, hi = T.even_shard(8, r, tp)
         ref = ref[:, lo:hi]                                  # my chunk of the sequence
     c, h = 8 // tp, 32 // tp                                 # my channels of the attention and the MLP
     q_rows = torch.cat([torch.arange(j * 8 + r * c, j * 8 + (r + 1) * c) for j in range(3)]).to(dev)
@@ -311,7 +311,7 @@ def fault_case(rank, world_size, directory):
     """A training state saved on the GPU (model, AdamW, RNGs with CUDA's) and restored into a fresh
     model: the resumed run vs the uninterrupted one (dropout draws from the CUDA generator), with and
     without the CUDA RNG state restored, where the restored Adam states live, and the RNG afterwards."""
-    from course_lib.fault import CheckpointManager, restore_training_state, training_state
+    from course_lib.checkpoint import CheckpointManager, restore_training_state, training_state
     from course_lib.launch import device
     from course_lib.models import TinyMLP, make_regression
 
@@ -396,12 +396,12 @@ def _check_pipeline(cluster, schedule):
 
 
 def _check_hybrid(cluster):
-    from course_lib.demos import hybrid
+    from course_lib import hybrid_gpt
 
     dp, pp, tp = HYBRID[cluster.world_size]
     steps = 3
-    results = cluster.run(hybrid.train, dp, pp, tp, steps, dtype=torch.float64)
-    losses, ref = hybrid.replica_losses(results), hybrid.train_reference(steps, torch.float64)
+    results = cluster.run(hybrid_gpt.train, dp, pp, tp, steps, dtype=torch.float64)
+    losses, ref = hybrid_gpt.replica_losses(results), hybrid_gpt.train_reference(steps, torch.float64)
     assert len(losses) == steps
     err = max(abs(a - b) for a, b in zip(losses, ref))
     assert err < 1e-9, f"dp={dp} pp={pp} tp={tp}: losses {losses} vs one process {ref}"

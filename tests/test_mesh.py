@@ -1,6 +1,7 @@
-"""Hybrid parallelism (course_lib.mesh): the mesh arithmetic, its process groups against torch's
-``init_device_mesh``, DP x PP x TP training of the tiny GPT against one process, the bytes each axis
-carries against the planner's formulas, the planner itself, and the torchrun demo.
+"""Hybrid parallelism (notebook 09): the mesh arithmetic and its process groups against torch's
+``init_device_mesh`` (course_lib.mesh), DP x PP x TP training of the tiny GPT against one process
+(course_lib.hybrid_gpt), the bytes each axis carries against the planner's formulas, the planner itself
+and its calibration (course_lib.planner), and the torchrun demo (course_lib.demos.hybrid).
 
 The arithmetic and the planner need no processes. One warm 4-rank cluster runs every 4-rank layout;
 one 8-rank cluster runs the 2 x 2 x 2 mesh once (8 ranks on 2 cores are slow, so the model is tiny).
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from course_lib import hybrid_gpt, planner
 from course_lib import mesh as M
 from course_lib.launch import Cluster, RankError
 
@@ -60,10 +62,22 @@ def test_bad_meshes_say_what_to_change(call, words):
     assert words in str(e.value)
 
 
+def test_each_module_holds_only_its_own_part():
+    """mesh: the arithmetic and CommMeter; hybrid_gpt: the model and its run; planner: the planner and its
+    calibration; demos.hybrid: only the command line. No name is importable from a module it left."""
+    from course_lib.demos import hybrid as demo
+    for name in hybrid_gpt.__all__ + planner.__all__:
+        assert not hasattr(M, name), f"course_lib.mesh.{name}"
+    for name in planner.__all__:
+        assert not hasattr(hybrid_gpt, name), f"course_lib.hybrid_gpt.{name}"
+    for name in hybrid_gpt.__all__:
+        assert not hasattr(demo, name), f"course_lib.demos.hybrid.{name}"
+
+
 # --------------------------------------------------------------------------- the planner
 def test_enumerated_layouts_are_exactly_the_valid_ones():
-    spec = M.ModelSpec("t", n_layer=12, hidden=768, heads=12, seq=1024, vocab=50257, global_batch=48)
-    got = {(l.dp, l.tp, l.pp, l.micro_batch) for l in M.enumerate_layouts(spec, 24)}
+    spec = planner.ModelSpec("t", n_layer=12, hidden=768, heads=12, seq=1024, vocab=50257, global_batch=48)
+    got = {(l.dp, l.tp, l.pp, l.micro_batch) for l in planner.enumerate_layouts(spec, 24)}
     brute = set()
     for dp, tp, pp in itertools.product(range(1, 25), repeat=3):
         if dp * tp * pp != 24 or 12 % tp or 768 % tp or 12 % pp or 48 % dp:
@@ -72,34 +86,34 @@ def test_enumerated_layouts_are_exactly_the_valid_ones():
             if (48 // dp) % mb == 0:
                 brute.add((dp, tp, pp, mb))
     assert got == brute and len(got) > 20
-    for l in M.enumerate_layouts(spec, 24):
+    for l in planner.enumerate_layouts(spec, 24):
         assert l.m * l.micro_batch * l.dp == 48
 
 
 def test_layout_memory_uses_the_notebook_01_and_06_formulas():
     from course_lib.estimate import activation_bytes_per_layer, zero_model_state_bytes
-    lay = M.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=16)
-    mem = M.layout_memory(M.GPT3_175B, lay, zero_stage=1)
-    states = zero_model_state_bytes(M.GPT3_175B.n_params / 32, 1, 4)
+    lay = planner.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=16)
+    mem = planner.layout_memory(planner.GPT3_175B, lay, zero_stage=1)
+    states = zero_model_state_bytes(planner.GPT3_175B.n_params / 32, 1, 4)
     act = 96 / 4 * 4 * activation_bytes_per_layer(2048, 1, 12288, 96, tp=8, sequence_parallel=True,
                                                    recompute="selective")
     assert mem["optimizer_states"] == pytest.approx(states["optimizer_states"])
     assert mem["activations"] == pytest.approx(act)
     # Megatron's distributed optimizer: fp32 main gradients, 6 + 12/d bytes per parameter
-    psi = M.GPT3_175B.n_params / 32
+    psi = planner.GPT3_175B.n_params / 32
     assert mem["parameters"] + mem["gradients"] + mem["optimizer_states"] == pytest.approx((6 + 12 / 4) * psi)
     assert mem["total"] == pytest.approx((6 + 12 / 4) * psi + act)
-    paper = M.layout_memory(M.GPT3_175B, lay, zero_stage=1, grad_bytes=2)        # ZeRO's 2 + 2 + 12/d
+    paper = planner.layout_memory(planner.GPT3_175B, lay, zero_stage=1, grad_bytes=2)        # ZeRO's 2 + 2 + 12/d
     assert paper["total"] == pytest.approx(sum(states.values()) + act) == pytest.approx((4 + 12 / 4) * psi + act)
     with pytest.raises(ValueError, match="grad_bytes is 2"):
-        M.layout_memory(M.GPT3_175B, lay, grad_bytes=3)
+        planner.layout_memory(planner.GPT3_175B, lay, grad_bytes=3)
     # fewer micro-batches than stages: only m are in flight
-    few = M.layout_memory(M.GPT3_175B, M.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=2))
+    few = planner.layout_memory(planner.GPT3_175B, planner.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=2))
     assert few["activations"] == pytest.approx(act / 2)
 
 
 def test_gpt3_on_1024_a100s_rediscovers_tp_in_node_pp_and_dp_across():
-    plans = M.plan_layouts(M.GPT3_175B, M.dgx_a100_cluster(128))
+    plans = planner.plan_layouts(planner.GPT3_175B, planner.dgx_a100_cluster(128))
     best = plans[0]
     assert best.fits and best.tp == 8 and best.pp > 1 and best.dp > 1
     assert best.axis_links == {"tp": "nvlink", "pp": "network", "dp": "network"}
@@ -116,11 +130,11 @@ def test_gpt3_on_1024_a100s_rediscovers_tp_in_node_pp_and_dp_across():
 
 def test_planner_bad_input():
     with pytest.raises(ValueError, match="n_layer must be a positive int"):
-        M.ModelSpec("x", 0, 64, 2, 16, 64, 8)
+        planner.ModelSpec("x", 0, 64, 2, 16, 64, 8)
     with pytest.raises(ValueError, match="world_size must be a positive int"):
-        M.enumerate_layouts(M.GPT3_175B, 0)
+        planner.enumerate_layouts(planner.GPT3_175B, 0)
     with pytest.raises(ValueError, match="stage must be in"):
-        M.layout_traffic(M.GPT3_175B, M.Layout(1, 1, 2, 1, 4), stage=2)
+        planner.layout_traffic(planner.GPT3_175B, planner.Layout(1, 1, 2, 1, 4), stage=2)
 
 
 # --------------------------------------------------------------------------- real processes
@@ -136,11 +150,11 @@ def _hybrid_case(rank, world_size, shape, steps, builtin=False):
     """Gradient shards after one step vs the single-process gradient; the loss curve; bytes per axis."""
     import copy
     import torch.nn.functional as F
-    from course_lib.demos.hybrid import make_batches, make_model, train
+    from course_lib.hybrid_gpt import make_batches, make_model, train
 
     pm = M.init_process_mesh(shape)
     model = make_model()
-    h = M.HybridGPT(model, pm, builtin=builtin)
+    h = hybrid_gpt.HybridGPT(model, pm, builtin=builtin)
     (x, y), = make_batches(1)
     with M.CommMeter(h.comm_groups()) as meter:
         h.forward_backward(x, y, 4 if shape[0] < 8 else 2)
@@ -175,21 +189,21 @@ def test_mesh_that_does_not_fit_the_world_fails_on_every_rank(cluster4):
 
 
 def _expected_bytes(shape, micro):
-    from course_lib.demos.hybrid import DEFAULTS, make_model
+    from course_lib.hybrid_gpt import DEFAULTS, make_model
     dp, pp, tp = shape
     n = sum(p.numel() for p in make_model().parameters())
-    spec = M.ModelSpec("tiny", DEFAULTS["layers"], DEFAULTS["hidden"], DEFAULTS["heads"], DEFAULTS["block"],
+    spec = planner.ModelSpec("tiny", DEFAULTS["layers"], DEFAULTS["hidden"], DEFAULTS["heads"], DEFAULTS["block"],
                        DEFAULTS["vocab"], DEFAULTS["batch"], n_params=n)
-    lay = M.Layout(dp, tp, pp, DEFAULTS["batch"] // dp // micro, micro)
-    pred = M.total_traffic(spec, lay, bytes_per_value=8, header_bytes=72)
-    counts = M.hybrid_param_count(DEFAULTS["layers"], DEFAULTS["hidden"], DEFAULTS["vocab"], DEFAULTS["block"], tp, pp)
+    lay = planner.Layout(dp, tp, pp, DEFAULTS["batch"] // dp // micro, micro)
+    pred = planner.total_traffic(spec, lay, bytes_per_value=8, header_bytes=72)
+    counts = hybrid_gpt.hybrid_param_count(DEFAULTS["layers"], DEFAULTS["hidden"], DEFAULTS["vocab"], DEFAULTS["block"], tp, pp)
     pred["dp"] *= counts["total"] / n   # the replicated copies travel too
     return pred
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 2), (2, 1, 2), (2, 2, 1), (1, 1, 4)])
 def test_hybrid_training_equals_one_process(cluster4, shape):
-    from course_lib.demos.hybrid import replica_losses, train_reference
+    from course_lib.hybrid_gpt import replica_losses, train_reference
     if shape[2] == 4:   # 2 heads: tp = 4 must be refused with what to change
         with pytest.raises(RankError, match=r"tp=4 must divide the number of heads \(2\)"):
             cluster4.run(_hybrid_case, shape, 3)
@@ -210,9 +224,9 @@ def test_builtin_collectives_give_the_same_gradients(cluster4):
 
 
 def _bad_hybrid(rank, world_size, what):
-    from course_lib.demos.hybrid import make_batches, make_model
+    from course_lib.hybrid_gpt import make_batches, make_model
     pm = M.init_process_mesh((1, 4, 1) if what == "stages" else (2, 1, 2))
-    h = M.HybridGPT(make_model(), pm)
+    h = hybrid_gpt.HybridGPT(make_model(), pm)
     (x, y), = make_batches(1, batch=15 if what == "batch" else 16)
     h.forward_backward(x, y, 3 if what == "micro" else 2)
 
@@ -229,9 +243,9 @@ def test_bad_hybrid_input_says_what_to_change(cluster4, what, words):
 
 
 def _calibrate(rank, world_size):
-    alpha, bw = M.measure_link(sizes=(64, 1 << 16), repeats=3)
+    alpha, bw = planner.measure_link(sizes=(64, 1 << 16), repeats=3)
     a = torch.randn(64, 64)
-    rate = M.measure_flops(lambda: a @ a, 2 * 64 ** 3, repeats=3)
+    rate = planner.measure_flops(lambda: a @ a, 2 * 64 ** 3, repeats=3)
     return alpha, bw, rate
 
 
@@ -241,7 +255,7 @@ def test_calibration_gives_positive_figures(cluster4):
 
 
 def test_2x2x2_mesh_on_8_ranks():
-    from course_lib.demos.hybrid import replica_losses, train_reference
+    from course_lib.hybrid_gpt import replica_losses, train_reference
     with Cluster(8, timeout=180) as c:
         groups = c.run(_groups_vs_device_mesh, (2, 2, 2))
         res = c.run(_hybrid_case, (2, 2, 2), 3)

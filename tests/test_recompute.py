@@ -8,7 +8,7 @@ import torch.utils.checkpoint as tc
 from course_lib import estimate as E
 from course_lib import recompute as R
 from course_lib.memory import track_memory
-from course_lib.models import Block
+from course_lib.models import Block, causal_attention
 
 
 def _stack(L=6, d=32, p=0.2):
@@ -216,7 +216,7 @@ def test_transformer_block_selective_and_full():
     # selective removes exactly what the attention core saves besides its inputs q, k, v ...
     q, k, v = (torch.randn(B, a, s, h // a, requires_grad=True) for _ in range(3))
     torch.manual_seed(0)
-    core = E.saved_activation_bytes(R.attention_core, q, k, v, 0.1, exclude=[q, k, v])[1]
+    core = E.saved_activation_bytes(causal_attention, q, k, v, 0.1, exclude=[q, k, v])[1]
     assert saved["none"] - saved["selective"] == core
     # ... which contains Korthikanti et al.'s s^2 terms (fp32: softmax out 4 + dropout out 4 +
     # dropout mask 1 bytes per a*s^2*b element) and the s^2 causal mask

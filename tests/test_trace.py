@@ -109,6 +109,22 @@ def test_plot_timeline_draws_one_row_per_rank():
     assert len(ax.collections) == 9
 
 
+def test_plot_timeline_colours_the_vocabulary_the_same_whatever_comes_first():
+    """compute, comm and the pipeline's forward/backward/weight have fixed colours; other kinds take
+    the colours no kind has, in order of appearance."""
+    from matplotlib.colors import to_hex
+    now = time.time()
+    kinds = ["relabelled", "backward", "comm", "forward", "other", "compute"]
+    events = [[dict(rank=0, kind=k, name=k, start=now + i, end=now + i + 0.5, bytes_sent=0, bytes_recv=0)
+               for i, k in enumerate(kinds)]]
+    ax = viz.plot_timeline(events)
+    got = {k: to_hex(c.get_facecolor()[0]) for k, c in zip(kinds, ax.collections)}
+    for k in ("compute", "comm", "forward", "backward"):
+        assert got[k] == to_hex(viz.KIND_COLORS[k]), k
+    assert got["relabelled"] == to_hex("tab:green")
+    assert len(set(got.values())) == len(kinds)
+
+
 def test_plot_timeline_without_events_is_a_clear_error():
     with pytest.raises(ValueError, match="no events"):
         viz.plot_timeline([[], []])

@@ -21,7 +21,7 @@ resumed from and the SHA-256 of its final parameters, equal to those of a run wi
 The backend is chosen as :func:`course_lib.launch.init_from_env` does (NCCL with a GPU per local rank,
 else gloo; ``--backend gloo`` forces CPU processes) and the model, its data and its gradient scaler
 live on the rank's device (:func:`course_lib.launch.device`); the checkpoints hold the CUDA generators'
-states too (:func:`course_lib.fault.rng_state`). Run on CPU processes with gloo; written for NCCL, not
+states too (:func:`course_lib.checkpoint.rng_state`). Run on CPU processes with gloo; written for NCCL, not
 yet run on GPUs.
 
 Two traps of restarting gloo workers under torchrun, handled by :func:`course_lib.launch.init_from_env`:
@@ -43,8 +43,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from course_lib.fault import (CheckpointManager, FaultPlan, ResumableSampler, agreed_latest, rng_state,
-                              save_collective, set_rng_state, training_state, restore_training_state)
+from course_lib.checkpoint import (CheckpointManager, ResumableSampler, agreed_latest, restore_training_state,
+                                   rng_state, save_collective, training_state)
+from course_lib.fault import FaultPlan
 from course_lib.launch import device as launch_device
 from course_lib.models import TinyMLP, make_regression
 

@@ -44,10 +44,10 @@ CASES = [
         "zero": ["budget_answer"],
     },
     {
-        "name": "the parameter count from course_lib.mesh.hybrid_param_count (the same formula in another module) (kind 3)",
+        "name": "the parameter count from course_lib.hybrid_gpt.hybrid_param_count (the same formula in another module) (kind 3)",
         "cells": {"96cc6f74": (
             "def training_cost(d, n, B, L, heads, vocab):\n"
-            "    from course_lib.mesh import hybrid_param_count\n"
+            "    from course_lib.hybrid_gpt import hybrid_param_count\n"
             "    params = hybrid_param_count(L, d, vocab, n, tp=1, pp=1)[\"total\"]\n"
             "    lm_head = 2 * jnp.asarray(B, jnp.float32) * n * d * vocab\n"
             "    flops = 3 * (L * transformer_layer_flops(d, n, B) + lm_head)\n"

@@ -94,11 +94,11 @@ CASES = [
         "zero": ["mesh_coords"],   # in the ranks numpy is allowed: build_groups gets correct lists
     },
     {
-        "name": "asks the library's planner (course_lib.mesh.enumerate_layouts, switched off during the check)",
+        "name": "asks the library's planner (course_lib.planner.enumerate_layouts, switched off during the check)",
         "cells": {"ex2-code": LAYOUTS.format(body=(
-            "    from course_lib import mesh as M\n"
-            "    spec = M.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
-            "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in M.enumerate_layouts(spec, world_size)]"))},
+            "    from course_lib import planner\n"
+            "    spec = planner.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
+            "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in planner.enumerate_layouts(spec, world_size)]"))},
         "zero": ["valid_layouts"],
     },
     {
@@ -114,9 +114,9 @@ CASES = [
         "name": "switches the check's machinery off from its own cells: _guarded rebound, a fake cluster",
         "cells": {
             "ex2-code": "import contextlib\n\n\ndef _guarded():\n    return contextlib.nullcontext()\n\n\n" + LAYOUTS.format(body=(
-                "    from course_lib import mesh as M\n"
-                "    spec = M.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
-                "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in M.enumerate_layouts(spec, world_size)]")),
+                "    from course_lib import planner\n"
+                "    spec = planner.ModelSpec('x', n_layer=n_layer, hidden=hidden, heads=heads, seq=8, vocab=8, global_batch=global_batch)\n"
+                "    return [(l.dp, l.tp, l.pp, l.micro_batch) for l in planner.enumerate_layouts(spec, world_size)]")),
             "ex3-code": GROUPS.format(body="    return {}") + (
                 "\n\nclass _AgreeingCluster:\n"
                 "    def run(self, fn, build, shape, names, timeout=None):\n"

@@ -25,9 +25,9 @@ FROM_SCRATCH = SAVE_LOAD.format(
     save="    torch.save({'step': step}, path)",
     load="    return 0   # start over: the run is deterministic, so the final weights come out right")
 LIBRARY = SAVE_LOAD.format(
-    save=("    from course_lib.fault import training_state\n"
+    save=("    from course_lib.checkpoint import training_state\n"
           "    torch.save(training_state(model, optimizer, step=step, scheduler=scheduler, sampler=sampler), path)"),
-    load=("    from course_lib.fault import restore_training_state\n"
+    load=("    from course_lib.checkpoint import restore_training_state\n"
           "    return restore_training_state(torch.load(path, weights_only=False), model, optimizer,\n"
           "                                  scheduler=scheduler, sampler=sampler)"))
 
@@ -45,7 +45,7 @@ UNVERIFIED = NEWEST.format(body=(
     "    steps = [int(d.name[5:]) for d in Path(directory).glob('step_*') if (d / 'MANIFEST.json').is_file()]\n"
     "    return max(steps) if steps else None"))
 MANAGER = NEWEST.format(body=(
-    "    from course_lib.fault import CheckpointManager\n"
+    "    from course_lib.checkpoint import CheckpointManager\n"
     "    return CheckpointManager(directory).latest()"))
 
 NOT_ATOMIC = SAVE_LOAD.format(
@@ -93,20 +93,20 @@ CASES = [
     {"name": "sqrt(delta * M), without Young's factor 2",
      "cells": {"ex3-code": INTERVAL.format(body="    return math.sqrt(save_seconds * gpu_mtbf_hours * 3600 / n_gpus)")},
      "zero": ["checkpoint_interval"]},
-    {"name": "course_lib.fault's training_state / restore_training_state",
+    {"name": "course_lib.checkpoint's training_state / restore_training_state",
      "cells": {"ex1-code": LIBRARY}, "zero": ["resume_bitwise"]},
-    {"name": "course_lib.fault's CheckpointManager.latest",
+    {"name": "course_lib.checkpoint's CheckpointManager.latest",
      "cells": {"ex2-code": MANAGER}, "zero": ["newest_intact"]},
     {"name": "saves straight onto the checkpoint's path (a kill inside the save breaks the last good one)",
      "cells": {"ex1-code": NOT_ATOMIC}, "zero": ["resume_bitwise"]},
-    {"name": "atomic writes through course_lib.fault's private _atomic_write_bytes (not on the old forbid list)",
+    {"name": "atomic writes through course_lib.checkpoint's private _atomic_write_bytes (not on the old forbid list)",
      "cells": {"ex1-code": SAVE_LOAD.format(
-         save=("    import io\n    from pathlib import Path\n    from course_lib import fault\n"
+         save=("    import io\n    from pathlib import Path\n    from course_lib import checkpoint\n"
                "    state = {'step': step, 'model': model.state_dict(), 'optimizer': optimizer.state_dict(),\n"
                "             'scheduler': scheduler.state_dict(), 'sampler': sampler.state_dict(),\n"
                "             'rng': (torch.get_rng_state(), np.random.get_state(), random.getstate())}\n"
                "    buf = io.BytesIO(); torch.save(state, buf)\n"
-               "    fault._atomic_write_bytes(buf.getvalue(), Path(path))"),
+               "    checkpoint._atomic_write_bytes(buf.getvalue(), Path(path))"),
          load=NOT_ATOMIC.split("def load_checkpoint(path, model, optimizer, scheduler, sampler):\n")[1].rstrip("\n"))},
      "zero": ["resume_bitwise"]},
     {"name": "copies the expected value from the check's frames or the notebook's globals",

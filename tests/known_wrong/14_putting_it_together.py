@@ -14,19 +14,19 @@ CASES = [
         "name": "pure data parallelism, nothing sharded (ignores memory: GPT-3's states alone are 2.8 TB per copy)",
         "cells": {"ex1-code": LAYOUT.format(body=(
             "    dp = cluster.world_size\n"
-            "    return M.Layout(dp, 1, 1, 1, model.global_batch // dp), 0, 'none'"))},
+            "    return planner.Layout(dp, 1, 1, 1, model.global_batch // dp), 0, 'none'"))},
         "zero": ["choose_layout"],
     },
     {
-        "name": "asks the library's planner (course_lib.mesh.plan_layouts, switched off during the check)",
-        "cells": {"ex1-code": LAYOUT.format(body="    return M.plan_layouts(model, cluster)[0], 1, 'selective'")},
+        "name": "asks the library's planner (course_lib.planner.plan_layouts, switched off during the check)",
+        "cells": {"ex1-code": LAYOUT.format(body="    return planner.plan_layouts(model, cluster)[0], 1, 'selective'")},
         "zero": ["choose_layout"],
     },
     {
         "name": "the layout with the least memory (fits, but ignores the step time)",
         "cells": {"ex1-code": LAYOUT.format(body=(
             "    cands = [(memory_bytes(model, cluster, l, z, r), l, z, r)\n"
-            "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z, r in SETTINGS]\n"
+            "             for l in planner.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z, r in SETTINGS]\n"
             "    return min(cands, key=lambda c: c[0])[1:]"))},
         "zero": ["choose_layout"],
     },
@@ -63,15 +63,15 @@ CASES += [
     {
         "name": "always ZeRO-1 with selective recomputation (the fastest layout that fits with them)",
         "cells": {"ex1-code": LAYOUT.format(body=(
-            "    fit = [l for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) if fits(model, cluster, l, 1, 'selective')]\n"
+            "    fit = [l for l in planner.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) if fits(model, cluster, l, 1, 'selective')]\n"
             "    return min(fit, key=lambda l: step_seconds(model, cluster, l, 1, 'selective')), 1, 'selective'"))},
         "zero": ["choose_layout"],
     },
     {
         "name": "leaves the costs of full recomputation and ZeRO-3 out (the planner's step time for every setting)",
         "cells": {"ex1-code": LAYOUT.format(body=(
-            "    cands = [(M.layout_step_time(model, cluster, l)['step'], l, z, r)\n"
-            "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z, r in SETTINGS\n"
+            "    cands = [(planner.layout_step_time(model, cluster, l)['step'], l, z, r)\n"
+            "             for l in planner.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z, r in SETTINGS\n"
             "             if fits(model, cluster, l, z, r)]\n"
             "    return min(cands, key=lambda c: c[0])[1:]"))},
         "zero": ["choose_layout"],
@@ -98,7 +98,7 @@ CASES += [
             "    def __repr__(self):\n        return \"'full'\"\n\n\n"
             + LAYOUT.format(body=(
                 "    cands = [(step_seconds(model, cluster, l, z, 'none'), l, z)\n"
-                "             for l in M.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z in (0, 1, 2, 3)\n"
+                "             for l in planner.enumerate_layouts(model, cluster.world_size, (1, 2, 4, 8)) for z in (0, 1, 2, 3)\n"
                 "             if fits(model, cluster, l, z, 'full')]\n"
                 "    t, l, z = min(cands, key=lambda c: c[0])\n"
                 "    return l, z, Chameleon()")))},

@@ -1,0 +1,307 @@
+"""The tiny GPT on a ``(dp, pp, tp)`` mesh: the model and its training run (notebook 09).
+
+:class:`HybridGPT` is one rank's share of a :class:`course_lib.models.TinyGPT` trained with data
+parallelism (notebook 04), tensor parallelism (notebook 07) and pipeline parallelism (notebook 08) at
+once, built from those notebooks' modules on a :class:`course_lib.mesh.ProcessMesh`;
+:func:`hybrid_param_count` counts its parameters, replicated copies included.
+
+The training run: :func:`train` is one rank of a ``dp x pp x tp`` run of the seeded tiny GPT
+(:func:`make_model`, :func:`make_batches`, sizes :data:`DEFAULTS`), :func:`train_reference` the same
+training in one process, :func:`replica_losses` the global loss curve from every rank's result. It runs
+on the virtual cluster (notebook 09)::
+
+    from course_lib.launch import Cluster
+    from course_lib.hybrid_gpt import train
+    with Cluster(8) as c:
+        out = c.run(train, 2, 2, 2)          # dp, pp, tp
+
+and under ``torchrun`` through the entry point :mod:`course_lib.demos.hybrid`. This module is the twin
+of :mod:`course_lib.frontier` (notebook 14's model and run, a subclass of :class:`HybridGPT`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib import collectives
+from course_lib.mesh import AXES, MeshError, ProcessMesh, init_process_mesh
+
+__all__ = ["HybridGPT", "hybrid_param_count", "DEFAULTS", "make_model", "make_batches", "train_reference",
+           "train", "replica_losses"]
+
+
+# --------------------------------------------------------------------------- the model
+class _Embed(nn.Module):
+    """Stage 0's first layer: vocabulary-parallel token embedding + replicated position embedding."""
+
+    def __init__(self, wte: nn.Module, wpe: nn.Embedding):
+        super().__init__()
+        self.wte, self.wpe = wte, wpe
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.wte(idx) + self.wpe(pos)          # (B, T, h), the same on every tp rank
+
+
+class _Head(nn.Module):
+    """The last stage's final layer norm and LM head, tied to the token embedding: ``x W_r^T`` gives
+    this rank's vocabulary slice of the logits ``(B, T, V/t)`` (the loss is vocabulary parallel)."""
+
+    def __init__(self, ln_f: nn.LayerNorm, weight: nn.Parameter, group, builtin: bool):
+        super().__init__()
+        from course_lib.tensor_parallel import copy_to_tensor_parallel
+        self._f = copy_to_tensor_parallel
+        self.ln_f, self.weight, self.group, self.builtin = ln_f, weight, group, builtin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._f(self.ln_f(x), self.group, builtin=self.builtin)   # f: all-reduce in the backward
+        return F.linear(x, self.weight)                                # (B, T, V/t)
+
+
+class HybridGPT:
+    """One rank's share of a :class:`course_lib.models.TinyGPT` under data x pipeline x tensor
+    parallelism, built from the course's own modules:
+
+    * pipeline (notebook 08): the blocks are cut into ``pp`` stages balanced by block count
+      (:func:`course_lib.pipeline.balance`); stage 0 also holds the embeddings, the last stage the
+      final layer norm and the LM head; one step runs a schedule (``"1f1b"`` by default) with
+      :func:`course_lib.pipeline.run_schedule` over the ``pp`` group;
+    * tensor (notebook 07): every block becomes a :class:`course_lib.tensor_parallel.ParallelBlock`
+      on the ``tp`` group, the token embedding a ``VocabParallelEmbedding`` and the loss
+      :func:`~course_lib.tensor_parallel.vocab_parallel_cross_entropy`;
+    * data (notebook 04): after the pipeline's backward every gradient is averaged over the ``dp``
+      group with one ring all-reduce of all of them flattened (:func:`course_lib.collectives.ring_all_reduce`,
+      one bucket).
+
+    The LM head is tied to the token embedding (as GPT-2). With ``pp > 1`` they live on different
+    ranks, so the last stage keeps a copy and the two copies' gradients are summed over a group of
+    {first stage, last stage} ranks (Megatron-LM's "embedding group") before the data-parallel average;
+    both copies then take the same optimizer step.
+
+    Args:
+        model: the full model (every rank passes the same one, e.g. built from the same seed); its
+            weights are copied into the shards, ``model`` itself is not changed.
+        pmesh: this rank's :class:`ProcessMesh` with axes ``dp``, ``pp`` and ``tp``.
+        schedule: a name of :data:`course_lib.pipeline.SCHEDULES` without virtual stages
+            (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``).
+        builtin: torch's collectives for tensor and data parallelism instead of the course's rings.
+
+    ``tp`` must divide the heads and the vocabulary, ``pp`` must not exceed the number of blocks.
+    """
+
+    def __init__(self, model: nn.Module, pmesh: ProcessMesh, *, schedule: str = "1f1b", builtin: bool = False):
+        from course_lib import pipeline
+
+        if set(pmesh.mesh.names) != set(AXES):
+            raise MeshError(f"HybridGPT needs a mesh with axes {AXES}, got {pmesh.mesh.names}")
+        if schedule not in pipeline.SCHEDULES or schedule in ("interleaved", "naive"):
+            raise ValueError(f"schedule must be one of 'gpipe', '1f1b', 'zb-h1' (one stage per rank), got {schedule!r}")
+        dp, pp, tp = (pmesh.size(a) for a in AXES)
+        L, heads = len(model.blocks), model.blocks[0].attn.n_head
+        vocab = model.wte.num_embeddings
+        if heads % tp or vocab % tp:
+            raise MeshError(f"tp={tp} must divide the number of heads ({heads}) and the vocabulary ({vocab}); "
+                            f"choose tp among {[d for d in range(1, heads + 1) if heads % d == 0 and vocab % d == 0]}")
+        if pp > L:
+            raise MeshError(f"pp={pp} stages but the model has {L} blocks: every stage needs at least one; "
+                            f"use pp <= {L} or a deeper model")
+        self.pmesh, self.schedule_name, self.builtin = pmesh, schedule, builtin
+        self.dp, self.pp, self.tp = dp, pp, tp
+        self.stage = pmesh.local_rank("pp")
+        self.bounds = pipeline.balance([1.0] * L, pp)
+        self.module = self._build(model)
+        self.first, self.last = self.stage == 0, self.stage == pp - 1
+        # the embedding group: the first and the last stage of my (dp, tp) pipeline (all ranks create all)
+        self.tied_group = None
+        if pp > 1:
+            mesh = pmesh.mesh
+            for d in range(dp):
+                for k in range(tp):
+                    ranks = [mesh.rank_of(dp=d, pp=0, tp=k), mesh.rank_of(dp=d, pp=pp - 1, tp=k)]
+                    g = dist.new_group(ranks)
+                    if pmesh.rank in ranks:
+                        self.tied_group = g
+
+    def _build(self, model: nn.Module) -> nn.Sequential:
+        """This rank's stage of ``model``, sharded for tensor parallelism (weights copied)."""
+        from course_lib.tensor_parallel import VocabParallelEmbedding
+
+        tp_group = self.pmesh.group("tp")
+        layers: list[nn.Module] = []
+        wte = VocabParallelEmbedding.from_embedding(model.wte, tp_group, builtin=self.builtin)
+        if self.stage == 0:
+            layers.append(_Embed(wte, copy.deepcopy(model.wpe)))
+        for i in self.bounds[self.stage]:
+            layers.append(self._shard_block(model.blocks[i], tp_group))
+        if self.stage == self.pp - 1:
+            # one stage: the head shares the embedding's Parameter (tied); else a copy, kept in sync
+            weight = wte.weight if self.stage == 0 else nn.Parameter(wte.weight.detach().clone())
+            layers.append(_Head(copy.deepcopy(model.ln_f), weight, tp_group, self.builtin))
+        return nn.Sequential(*layers)
+
+    def _shard_block(self, block: nn.Module, tp_group) -> nn.Module:
+        """One block of this stage, tensor parallel (subclasses add recomputation or MoE blocks)."""
+        from course_lib.tensor_parallel import ParallelBlock
+        return ParallelBlock.from_block(block, tp_group, builtin=self.builtin)
+
+    def comm_groups(self) -> dict:
+        """``{"dp", "pp", "tp", "tied"}`` -> this rank's process groups (for :class:`CommMeter`)."""
+        return {**self.pmesh.groups, "tied": self.tied_group}
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters (shards and replicated ones), each once."""
+        return list(self.module.parameters())
+
+    def local_tensors(self, model: nn.Module) -> list[torch.Tensor]:
+        """The tensors of ``model`` that this rank's :meth:`parameters` hold, in the same order and
+        shape: shard a model whose weights are, e.g., the full model's gradients to get the slice
+        each local gradient must equal."""
+        return [p.detach() for p in self._build(model).parameters()]
+
+    def _tied(self) -> list[nn.Parameter]:
+        if self.pp == 1 or not (self.first or self.last):
+            return []                  # one stage: one shared Parameter; a middle stage: neither copy
+        return [self.module[0].wte.weight] if self.first else [self.module[-1].weight]
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    def loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        from course_lib.tensor_parallel import vocab_parallel_cross_entropy
+        return vocab_parallel_cross_entropy(logits, target, self.pmesh.group("tp"), builtin=self.builtin)
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, n_micro: int, sync_dp: bool = True) -> float | None:
+        """Gradients of the mean loss over the global batch ``(x, y)`` (every rank passes all of it):
+        this rank's data-parallel shard is cut into ``n_micro`` micro-batches and pipelined, then the
+        tied embedding and (with ``sync_dp``) the data-parallel replicas are synchronised; pass
+        ``sync_dp=False`` when an optimizer such as ZeRO reduces the gradients itself. Returns this
+        replica's mean loss on last-stage ranks, ``None`` elsewhere. Gradients accumulate: call
+        :meth:`zero_grad`."""
+        from course_lib import pipeline
+        from course_lib.data_parallel import shard_range
+
+        n = x.shape[0]
+        if n % self.dp:
+            raise ValueError(f"the global batch of {n} sequences does not split into dp={self.dp} equal "
+                             f"shards; use a multiple of {self.dp}")
+        mine = shard_range(n, self.pmesh.local_rank("dp"), self.dp)
+        xs = pipeline.split_microbatches(x[mine], n_micro) if self.first else None
+        ys = pipeline.split_microbatches(y[mine], n_micro) if self.last else None
+        sched = pipeline.make_schedule(self.schedule_name, self.pp, n_micro)
+        out = pipeline.run_schedule(sched, {self.stage: self.module}, xs, ys,
+                                    self.loss_fn if self.last else None, self.pmesh.group("pp"))
+        for p in self._tied():                          # embedding group: sum the two copies' gradients
+            g = getattr(p, "main_grad", None)           # ZeRO(reduce_dtype=...)'s fp32 gradient, if any
+            self._all_reduce(p.grad if g is None else g, self.tied_group)
+        if self.dp > 1 and sync_dp:                     # data parallel: one flat bucket, then average
+            params = [p for p in self.parameters() if p.grad is not None]
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            self._all_reduce(flat, self.pmesh.group("dp"))
+            flat /= self.dp
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        return out["loss"]
+
+    def _all_reduce(self, t: torch.Tensor, group) -> None:
+        collectives.all_reduce(t, group=group, builtin=self.builtin)
+
+    def __repr__(self) -> str:
+        c = self.pmesh.coords
+        return (f"HybridGPT(rank {self.pmesh.rank}: dp={c['dp']}/{self.dp}, stage {self.stage}/{self.pp} "
+                f"blocks {list(self.bounds[self.stage])}, tp={c['tp']}/{self.tp})")
+
+
+def hybrid_param_count(n_layer: int, hidden: int, vocab: int, block_size: int, tp: int, pp: int) -> dict:
+    """Parameters of :class:`HybridGPT` (a TinyGPT: 4x MLP, biases, tied head) summed over the ranks
+    of one data-parallel replica (``tp * pp`` ranks), counting every replicated copy: tensor
+    parallelism splits the matrices and the QKV / MLP-input biases but replicates the layer norms,
+    the output-projection biases and the position embedding on all ``t`` ranks, and ``pp > 1`` keeps
+    a second copy of the tied embedding on the last stage.
+
+    Returns ``{"sharded", "replicated", "tied_copy", "total"}``; ``total`` over a replica is what a
+    data-parallel all-reduce of all gradients carries."""
+    h, t = hidden, tp
+    sharded = n_layer * (3 * h * h + 3 * h + h * h + 4 * h * h + 4 * h + 4 * h * h) + vocab * h
+    replicated_once = n_layer * (2 * h + 2 * h + h + h) + block_size * h + 2 * h
+    tied = vocab * h if pp > 1 else 0
+    return {"sharded": sharded, "replicated": t * replicated_once, "tied_copy": tied,
+            "total": sharded + t * replicated_once + tied}
+
+
+# --------------------------------------------------------------------------- the training run
+#: The tiny GPT and its run: tiny on purpose (2 cores run 8 ranks); every keyword of :func:`train` and
+#: :func:`train_reference` overrides one of them.
+DEFAULTS = dict(vocab=64, block=16, layers=2, heads=2, hidden=32, batch=16, micro=4, steps=10, lr=3e-3,
+                seed=0)
+
+
+def make_model(vocab=64, block=16, layers=2, heads=2, hidden=32, seed=0, dtype=torch.float64):
+    """The seeded TinyGPT every rank builds (the same weights everywhere)."""
+    from course_lib.models import TinyGPT
+    torch.manual_seed(seed)
+    return TinyGPT(vocab_size=vocab, block_size=block, n_layer=layers, n_head=heads, n_embd=hidden).to(dtype)
+
+
+def make_batches(steps, batch=16, block=16, vocab=64, seed=0):
+    """``steps`` seeded ``(x, y)`` token batches of ``batch`` sequences (the same on every rank)."""
+    from course_lib.models import make_tokens
+    return [make_tokens(batch, block, vocab, seed=seed + 1 + i) for i in range(steps)]
+
+
+def train_reference(steps=10, dtype=torch.float64, **cfg) -> list[float]:
+    """The same training in one process: the losses the hybrid run must reproduce."""
+    c = {**DEFAULTS, **cfg}
+    model = make_model(c["vocab"], c["block"], c["layers"], c["heads"], c["hidden"], c["seed"], dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"])
+    losses = []
+    for x, y in make_batches(steps, c["batch"], c["block"], c["vocab"], c["seed"]):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10, *,
+          dtype=torch.float64, schedule: str = "1f1b", **cfg) -> dict:
+    """One rank of a ``dp x pp x tp`` training run of the tiny GPT (AdamW, ``steps`` steps).
+
+    Returns ``{"coords", "stage", "losses"}`` (the replica's mean loss per step on last-stage ranks,
+    else ``None``), ``"seconds"`` per step and ``"n_params"`` (this rank's). To count bytes per axis,
+    wrap a step in :class:`course_lib.mesh.CommMeter` (notebook 09 does). The model and the batches
+    are on the rank's device (:func:`course_lib.launch.device`)."""
+    from course_lib.launch import device
+
+    c = {**DEFAULTS, **cfg}
+    dev = device()
+    pm = init_process_mesh((dp, pp, tp))
+    model = make_model(c["vocab"], c["block"], c["layers"], c["heads"], c["hidden"], c["seed"], dtype).to(dev)
+    h = HybridGPT(model, pm, schedule=schedule)
+    opt = torch.optim.AdamW(h.parameters(), lr=c["lr"])
+    losses, seconds = [], []
+    for x, y in make_batches(steps, c["batch"], c["block"], c["vocab"], c["seed"]):
+        t0 = time.perf_counter()
+        h.zero_grad()
+        loss = h.forward_backward(x.to(dev), y.to(dev), c["micro"])
+        opt.step()
+        seconds.append(time.perf_counter() - t0)
+        losses.append(loss)
+    return {"coords": pm.coords, "stage": h.stage, "losses": losses if h.last else None, "seconds": seconds,
+            "n_params": sum(p.numel() for p in h.parameters())}
+
+
+def replica_losses(results: list[dict]) -> list[float]:
+    """The global loss per step from :func:`train`'s per-rank results: the mean over data-parallel
+    replicas of the last stage's loss (every tp rank of a stage reports the same value)."""
+    last = [r["losses"] for r in results if r["losses"] is not None and r["coords"]["tp"] == 0]
+    return [sum(col) / len(col) for col in zip(*last)]
