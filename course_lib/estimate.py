@@ -5,20 +5,23 @@ paper (and section/equation) it reproduces, so a learner or an instructor can ch
 The last section holds three small *measuring* helpers (they import torch lazily) used to check the
 formulas against what PyTorch really does.
 
-Units and notation (the papers' own):
+Units and notation (the course's, stated in GLOSSARY.md; Korthikanti et al. 2022's letters):
 
 * FLOPs are floating-point operations (a multiply-add counts as 2), never FLOP/s.
 * Memory is in bytes; ``GB`` is ``1e9`` bytes (decimal, as the ZeRO paper and the course source use).
-* ``B`` or ``b`` batch (micro-batch), ``n`` or ``s`` sequence length, ``d`` or ``h`` hidden size,
-  ``a`` attention heads, ``L`` layers, ``t`` tensor-parallel degree, ``N`` data-parallel degree,
-  ``Psi`` parameter count, ``K`` optimizer-state bytes per parameter.
+* ``s`` sequence length, ``b`` micro-batch size (sequences), ``h`` hidden size, ``a`` attention heads,
+  ``L`` layers, ``V`` vocabulary size, ``t`` tensor-parallel degree, ``N`` data-parallel degree,
+  ``Psi`` parameter count (Kaplan et al. write ``N``: their ``6N`` is ``6 Psi`` here), ``D`` training
+  tokens, ``K`` optimizer-state bytes per parameter; ``d_in``, ``d_out`` a dense layer's input and
+  output widths. The arguments spell them out: ``seq``, ``batch`` or ``micro_batch``, ``d_model`` or
+  ``hidden``, ``heads``, ``n_layer``, ``vocab_size``, ``tp``, ``dp_degree``, ``n_params``, ``tokens``.
 
 Sources:
 
 * Kaplan et al. 2020, "Scaling Laws for Neural Language Models" (arXiv:2001.08361), §2.1 and
-  Table 1: forward ``2N`` and training ``6N`` FLOPs per token.
+  Table 1: forward ``2N`` and training ``6N`` FLOPs per token (``2 Psi`` and ``6 Psi`` here).
 * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-  Megatron-LM" (arXiv:2104.04473), §5.1: ``24Bsh^2 + 4Bs^2h`` forward FLOPs per layer.
+  Megatron-LM" (arXiv:2104.04473), §5.1: ``24 b s h^2 + 4 b s^2 h`` forward FLOPs per layer.
 * Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
   (arXiv:1910.02054), §3.1 and §5.1, Figure 1.
 * Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
@@ -73,10 +76,11 @@ def _check_choice(name: str, value, choices) -> str:
 # --------------------------------------------------------------------------- FLOPs
 
 def dense_forward_flops(batch: int, d_in: int, d_out: int) -> int:
-    """Forward FLOPs of a dense layer ``(batch, d_in) @ (d_in, d_out)``: ``2 * B * d_in * d_out``.
+    """Forward FLOPs of a dense layer ``(batch, d_in) @ (d_in, d_out)``: ``2 * b * d_in * d_out``.
 
-    Each of the ``B * d_out`` outputs is a dot product of length ``d_in``: ``d_in`` multiplies and
-    ``d_in`` adds. The bias add (``B * d_out``) is not counted, as in Kaplan et al. 2020, §2.1.
+    ``b = batch`` rows (in a transformer, the ``b * s`` tokens of a micro-batch). Each of the
+    ``b * d_out`` outputs is a dot product of length ``d_in``: ``d_in`` multiplies and ``d_in`` adds.
+    The bias add (``b * d_out``) is not counted, as in Kaplan et al. 2020, §2.1.
     """
     batch, d_in, d_out = (_check_int(k, v) for k, v in
                           (("batch", batch), ("d_in", d_in), ("d_out", d_out)))
@@ -84,13 +88,13 @@ def dense_forward_flops(batch: int, d_in: int, d_out: int) -> int:
 
 
 def dense_training_flops(batch: int, d_in: int, d_out: int, input_requires_grad: bool = True) -> int:
-    """Forward + backward FLOPs of a dense layer: ``6 * B * d_in * d_out`` (3x the forward).
+    """Forward + backward FLOPs of a dense layer: ``6 * b * d_in * d_out`` (3x the forward).
 
     The backward pass computes two matrix products of the forward's size: the gradient with respect
     to the input, ``dX = dY W^T``, and with respect to the weight, ``dW = X^T dY`` (Kaplan et al.
     2020, §2.1: "the backwards pass is approximately twice the compute"). The first layer of a
     network does not need ``dX`` (its input is data), so it costs only 2x the forward:
-    ``input_requires_grad=False`` gives ``4 * B * d_in * d_out``.
+    ``input_requires_grad=False`` gives ``4 * b * d_in * d_out``.
     """
     fwd = dense_forward_flops(batch, d_in, d_out)
     return fwd * (3 if input_requires_grad else 2)
@@ -99,26 +103,27 @@ def dense_training_flops(batch: int, d_in: int, d_out: int, input_requires_grad:
 def transformer_layer_flops_breakdown(batch: int, seq: int, d_model: int, ffn_mult: int = 4) -> dict:
     """Forward matrix-multiply FLOPs of one transformer layer, term by term.
 
-    Returns a dict (FLOPs) with keys ``qkv`` (``6 B n d^2``), ``scores`` (``Q K^T``: ``2 B n^2 d``),
-    ``weighted_sum`` (``softmax @ V``: ``2 B n^2 d``), ``out_proj`` (``2 B n d^2``) and ``ffn``
-    (``d -> ffn_mult*d -> d``: ``4 * ffn_mult * B n d^2``). With ``ffn_mult=4`` the sum is
-    ``24 B n d^2 + 4 B n^2 d`` (Narayanan et al. 2021, §5.1; notebook 01's exercise 1). The number of
-    heads does not appear: the heads split ``d`` among themselves. Softmax, layer norms, GELU,
-    biases and residual adds are element-wise, ``O(B n d + B a n^2)``, and are not counted.
+    Returns a dict (FLOPs) with keys ``qkv`` (``6 b s h^2``), ``scores`` (``Q K^T``: ``2 b s^2 h``),
+    ``weighted_sum`` (``softmax @ V``: ``2 b s^2 h``), ``out_proj`` (``2 b s h^2``) and ``ffn``
+    (``h -> ffn_mult*h -> h``: ``4 * ffn_mult * b s h^2``), for ``b = batch``, ``s = seq``,
+    ``h = d_model``. With ``ffn_mult=4`` the sum is ``24 b s h^2 + 4 b s^2 h`` (Narayanan et al. 2021,
+    §5.1; notebook 01's exercise 1). The number of heads does not appear: the heads split ``h`` among
+    themselves. Softmax, layer norms, GELU, biases and residual adds are element-wise,
+    ``O(b s h + a b s^2)``, and are not counted.
     """
-    B, n, d = (_check_int(k, v) for k, v in (("batch", batch), ("seq", seq), ("d_model", d_model)))
+    b, s, h = (_check_int(k, v) for k, v in (("batch", batch), ("seq", seq), ("d_model", d_model)))
     ffn_mult = _check_int("ffn_mult", ffn_mult)
     return {
-        "qkv": 2 * B * n * d * (3 * d),
-        "scores": 2 * B * n * n * d,
-        "weighted_sum": 2 * B * n * n * d,
-        "out_proj": 2 * B * n * d * d,
-        "ffn": 2 * (2 * B * n * d * (ffn_mult * d)),
+        "qkv": 2 * b * s * h * (3 * h),
+        "scores": 2 * b * s * s * h,
+        "weighted_sum": 2 * b * s * s * h,
+        "out_proj": 2 * b * s * h * h,
+        "ffn": 2 * (2 * b * s * h * (ffn_mult * h)),
     }
 
 
 def transformer_layer_flops(batch: int, seq: int, d_model: int, ffn_mult: int = 4) -> int:
-    """Forward FLOPs of one transformer layer: ``24 B n d^2 + 4 B n^2 d`` for a 4d FFN.
+    """Forward FLOPs of one transformer layer: ``24 b s h^2 + 4 b s^2 h`` for a 4h FFN.
 
     The sum of :func:`transformer_layer_flops_breakdown` (Narayanan et al. 2021, §5.1).
     """
@@ -127,7 +132,7 @@ def transformer_layer_flops(batch: int, seq: int, d_model: int, ffn_mult: int = 
 
 def gpt_forward_flops(n_layer: int, batch: int, seq: int, d_model: int, vocab_size: int = 0,
                       ffn_mult: int = 4) -> int:
-    """Forward FLOPs of a GPT-style model: ``L`` layers plus the LM head ``2 B n d V``.
+    """Forward FLOPs of a GPT-style model: ``L`` layers plus the LM head ``2 b s h V``.
 
     Embedding look-ups are gathers, not multiplications, and cost no FLOPs. ``vocab_size=0`` leaves
     out the LM head (the per-layer total only).
@@ -153,32 +158,36 @@ def gpt_param_count(n_layer: int, d_model: int, vocab_size: int = 0, n_ctx: int 
                     tied_embeddings: bool = True, ffn_mult: int = 4) -> int:
     """Parameter count of a GPT-2-style decoder (``course_lib.models.TinyGPT``, nanoGPT).
 
-    Per layer ``12 d^2 + 13 d`` for ``ffn_mult=4``: fused QKV ``3d^2 + 3d``, output projection
-    ``d^2 + d``, FFN ``4d^2 + 4d`` and ``4d^2 + d``, two layer norms ``4d``. Around the layers:
-    token embedding ``V d``, learned positions ``n_ctx d``, final layer norm ``2d``, and an LM head
-    ``V d`` only when it is not tied to the token embedding (GPT-2 ties it). The often quoted
-    ``L (12 d^2 + 13 d)`` is the per-layer part only, which is also what Kaplan et al. 2020 (§2.1)
-    call the non-embedding parameter count (``N ~ 12 L d^2``).
+    Per layer ``12 h^2 + 13 h`` for ``ffn_mult=4`` (``h = d_model``): fused QKV ``3h^2 + 3h``, output
+    projection ``h^2 + h``, FFN ``4h^2 + 4h`` and ``4h^2 + h``, two layer norms ``4h``. Around the
+    layers: token embedding ``V h``, learned positions ``n_ctx h`` (``n_ctx``: GPT-2's context length,
+    the longest sequence), final layer norm ``2h``, and an LM head ``V h`` only when it is not tied
+    to the token embedding (GPT-2 ties it). The often quoted ``L (12 h^2 + 13 h)`` is the per-layer
+    part only, which is also what Kaplan et al. 2020 (§2.1) call the non-embedding parameter count
+    (their ``N ~ 12 L d_model^2``).
     """
-    L, d = _check_int("n_layer", n_layer), _check_int("d_model", d_model)
+    L, h = _check_int("n_layer", n_layer), _check_int("d_model", d_model)
     V, T = _check_int("vocab_size", vocab_size, 0), _check_int("n_ctx", n_ctx, 0)
     f = _check_int("ffn_mult", ffn_mult)
-    per_layer = (3 * d * d + 3 * d) + (d * d + d) + (f * d * d + f * d) + (f * d * d + d) + 4 * d
-    embeddings = V * d + T * d + (0 if tied_embeddings else V * d)
-    return L * per_layer + embeddings + 2 * d
+    per_layer = (3 * h * h + 3 * h) + (h * h + h) + (f * h * h + f * h) + (f * h * h + h) + 4 * h
+    embeddings = V * h + T * h + (0 if tied_embeddings else V * h)
+    return L * per_layer + embeddings + 2 * h
 
 
 def training_flops_per_token(n_params: float) -> float:
-    """Training FLOPs per token, ``6 N`` (Kaplan et al. 2020, §2.1, Table 1).
+    """Training FLOPs per token, ``6 Psi`` for ``Psi = n_params`` (Kaplan et al. 2020, §2.1, Table 1,
+    where it reads ``6N``).
 
-    ``2N`` for the forward (one multiply-add per parameter per token) and ``4N`` for the backward.
-    It leaves out the attention ``n^2`` term, ``6 L n d`` per token, small while ``n << 6 d``.
+    ``2 Psi`` for the forward (one multiply-add per parameter per token) and ``4 Psi`` for the
+    backward. It leaves out the attention ``s^2`` term, small while ``s << 6 h``: ``12 L s h`` per
+    token with both attention products counted in full, as :func:`gpt_training_flops` does (Kaplan et
+    al.'s Eq. 2.2 counts half of it, ``6 L s h``).
     """
     return 6 * _check_positive("n_params", n_params)
 
 
 def training_flops(n_params: float, tokens: float) -> float:
-    """Training FLOPs for ``tokens`` tokens (one step: ``tokens = batch * seq``): ``C = 6 N D``."""
+    """Training FLOPs for ``D = tokens`` tokens (one step: ``tokens = b * s``): ``C = 6 Psi D``."""
     return training_flops_per_token(n_params) * _check_positive("tokens", tokens)
 
 
@@ -192,7 +201,7 @@ A100_BF16_PEAK_FLOPS = 312e12
 def training_seconds(flops: float, peak_flops: float, mfu: float, n_devices: int = 1) -> float:
     """Wall-clock seconds to do ``flops`` of training: ``t = C / (n_devices * peak * MFU)``.
 
-    ``flops`` is the model's training compute ``C`` (e.g. :func:`training_flops`, ``6 N D``);
+    ``flops`` is the model's training compute ``C`` (e.g. :func:`training_flops`, ``6 Psi D``);
     ``peak_flops`` one device's peak FLOP/s (e.g. :data:`A100_BF16_PEAK_FLOPS`); ``mfu`` the model
     FLOPs utilization, the fraction of the peak that goes into the model's own FLOPs (Chowdhery et
     al. 2022, "PaLM", §4.1 and Table 3; recomputation FLOPs are *not* model FLOPs, so activation
@@ -223,14 +232,15 @@ HFU_RECOMPUTE = ("none", "full")
 
 
 def hardware_flops(n_params: float, tokens: float, recompute: str = "none") -> float:
-    """FLOPs the hardware executes to train on ``tokens`` tokens: ``6 N D``, or ``8 N D`` with full
+    """FLOPs the hardware executes to train on ``tokens`` tokens: ``6 Psi D``, or ``8 Psi D`` with full
     activation recomputation.
 
     Full recomputation (activation checkpointing of every layer) runs each forward twice: once
-    without keeping activations, once again during the backward, so the forward's ``2 N D`` is paid
-    twice: ``2ND + 2ND + 4ND = 8ND`` (Narayanan et al. 2021, §5.1, the ``8 T P`` of their Eq. 3;
-    Korthikanti et al. 2022, §5 and Table 4, who report both "model" and "hardware" FLOPs). The
-    *model* FLOPs stay ``6 N D`` (:func:`training_flops`): recomputation is overhead, not progress.
+    without keeping activations, once again during the backward, so the forward's ``2 Psi D`` is
+    paid twice: ``2 Psi D + 2 Psi D + 4 Psi D = 8 Psi D`` (Narayanan et al. 2021, §5.1, the ``8 T P``
+    of their Eq. 3; Korthikanti et al. 2022, §5 and Table 4, who report both "model" and "hardware"
+    FLOPs). The *model* FLOPs stay ``6 Psi D`` (:func:`training_flops`): recomputation is overhead,
+    not progress.
     """
     _check_choice("recompute", recompute, HFU_RECOMPUTE)
     return training_flops(n_params, tokens) * (8 / 6 if recompute == "full" else 1.0)
@@ -243,7 +253,7 @@ def hardware_flops_utilization(flops: float, seconds: float, peak_flops: float,
     Chowdhery et al. 2022 ("PaLM"), §4.1 and Appendix B, define *model* FLOPs utilization (MFU,
     :func:`model_flops_utilization`) on the model's own FLOPs and *hardware* FLOPs utilization (HFU)
     on everything executed, rematerialisation included; PaLM 540B reports 46.2 % MFU and 57.8 % HFU.
-    ``flops`` are the model FLOPs (``6 N D``) done in ``seconds``; with ``recompute="full"`` the
+    ``flops`` are the model FLOPs (``6 Psi D``) done in ``seconds``; with ``recompute="full"`` the
     hardware did ``8/6`` of them (:func:`hardware_flops`), so ``HFU = MFU * 4/3``; without
     recomputation HFU equals MFU. HFU says how busy the chips were, MFU how fast the model trains.
     """
@@ -270,7 +280,7 @@ def human_duration(seconds: float) -> str:
 
 def training_cost(flops: float, *, peak_flops: float, mfu: float, gpu_hour_price: float,
                   gpu_power_watts: float, pue: float = 1.1, n_devices: int | None = None) -> dict:
-    """GPU-hours, dollars and energy of ``flops`` of training (e.g. ``6 N D``, :func:`training_flops`).
+    """GPU-hours, dollars and energy of ``flops`` of training (e.g. ``6 Psi D``, :func:`training_flops`).
 
     * ``gpu_hours = C / (peak * MFU) / 3600`` (:func:`training_seconds` on one device: the GPU-hours do
       not depend on how many GPUs share the work, as long as the MFU holds);

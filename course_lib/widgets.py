@@ -236,10 +236,10 @@ class MemoryCalculator(_ControlPanel):
             "n_params_billion": W.SelectionSlider(
                 options=_size_options(PARAM_SIZES_BILLION, n_params_billion),
                 value=float(n_params_billion), description="parameters (billions)"),
-            "micro_batch": W.IntSlider(value=micro_batch, min=1, max=64, description="micro-batch B"),
-            "seq": W.Dropdown(options=_POW2[6:], value=seq, description="sequence n"),
+            "micro_batch": W.IntSlider(value=micro_batch, min=1, max=64, description="micro-batch b"),
+            "seq": W.Dropdown(options=_POW2[6:], value=seq, description="sequence s"),
             "hidden": W.Dropdown(options=[256 * i for i in range(1, 81)], value=hidden,
-                                 description="hidden size d"),
+                                 description="hidden size h"),
             "n_layer": W.IntSlider(value=n_layer, min=1, max=128, description="layers L"),
             "heads": W.Dropdown(options=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 96, 128],
                                 value=heads, description="heads a"),
@@ -326,8 +326,8 @@ class MemoryCalculator(_ControlPanel):
         """A readable summary of the settings and the per-device totals of ZeRO stages 0-3."""
         v = self.values()
         head = (f"Memory calculator (the live controls need a running kernel): "
-                f"{v['n_params_billion']:g}B parameters, B={v['micro_batch']}, n={v['seq']}, "
-                f"d={v['hidden']}, L={v['n_layer']}, a={v['heads']}, {v['precision']} "
+                f"{v['n_params_billion']:g}B parameters, b={v['micro_batch']}, s={v['seq']}, "
+                f"h={v['hidden']}, L={v['n_layer']}, a={v['heads']}, {v['precision']} "
                 f"{v['optimizer']}, N={v['dp_degree']}, t={v['tp']}, sequence parallel "
                 f"{'on' if v['sequence_parallel'] else 'off'}, recompute={v['recompute']}")
         try:

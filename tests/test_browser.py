@@ -70,7 +70,7 @@ class WidgetCase:
 
 CASES = [
     WidgetCase("01_compute_and_memory.ipynb", "memory_calculator(",
-               ("parameters (billions)", "micro-batch B", "layers L")),
+               ("parameters (billions)", "micro-batch b", "layers L")),
     WidgetCase("03_collectives.ipynb", "ring_step_through(", ("step",)),
     WidgetCase("08_pipeline_parallel.ipynb", "pipeline_explorer(", ("ranks p", "micro-batches m")),
 ]

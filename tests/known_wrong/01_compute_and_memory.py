@@ -3,29 +3,29 @@ CASES = [
     {
         "name": "transformer_layer_flops of a reloaded course_lib.estimate (kind 1)",
         "cells": {"1af529f9": (
-            "def transformer_layer_flops(d, n, B):\n"
-            "    return jnp.vectorize(lambda d, n, B: float(__import__('importlib').reload(E).transformer_layer_flops(int(B), int(n), int(d))))(\n"
-            "        jnp.asarray(d), jnp.asarray(n), jnp.asarray(B))\n")},
+            "def transformer_layer_flops(h, s, b):\n"
+            "    return jnp.vectorize(lambda h, s, b: float(__import__('importlib').reload(E).transformer_layer_flops(int(b), int(s), int(h))))(\n"
+            "        jnp.asarray(h), jnp.asarray(s), jnp.asarray(b))\n")},
         "zero": ["layer_flops"],
     },
     {
-        "name": "forgets the attention scores (no n^2 term)",
+        "name": "forgets the attention scores (no s^2 term)",
         "cells": {"1af529f9": (
-            "def transformer_layer_flops(d, n, B):\n"
-            "    d, n, B = (jnp.asarray(v, jnp.float32) for v in (d, n, B))\n"
-            "    return 24 * B * n * d * d\n")},
+            "def transformer_layer_flops(h, s, b):\n"
+            "    h, s, b = (jnp.asarray(v, jnp.float32) for v in (h, s, b))\n"
+            "    return 24 * b * s * h * h\n")},
         "zero": ["layer_flops", "training_cost"],   # training_cost uses the learner's layer FLOPs
     },
     {
         "name": "activation_bytes_per_layer of a second copy of course_lib/estimate.py (kind 1)",
         "cells": {"cf22a21b": (
-            "def transformer_layer_activation_bytes(d, n, B, heads):\n"
+            "def transformer_layer_activation_bytes(h, s, b, heads):\n"
             "    import importlib.util\n"
             "    spec = importlib.util.spec_from_file_location('my_estimate', E.__file__)\n"
             "    E2 = importlib.util.module_from_spec(spec)\n"
             "    spec.loader.exec_module(E2)\n"
-            "    return jnp.vectorize(lambda d, n, B, a: float(E2.activation_bytes_per_layer(int(n), int(B), int(d), int(a))))(\n"
-            "        jnp.asarray(d), jnp.asarray(n), jnp.asarray(B), jnp.asarray(heads))\n")},
+            "    return jnp.vectorize(lambda h, s, b, a: float(E2.activation_bytes_per_layer(int(s), int(b), int(h), int(a))))(\n"
+            "        jnp.asarray(h), jnp.asarray(s), jnp.asarray(b), jnp.asarray(heads))\n")},
         "zero": ["activation_bytes"],
     },
     {
@@ -46,25 +46,25 @@ CASES = [
     {
         "name": "the parameter count from course_lib.hybrid_gpt.hybrid_param_count (the same formula in another module) (kind 3)",
         "cells": {"96cc6f74": (
-            "def training_cost(d, n, B, L, heads, vocab):\n"
+            "def training_cost(h, s, b, L, heads, vocab):\n"
             "    from course_lib.hybrid_gpt import hybrid_param_count\n"
-            "    params = hybrid_param_count(L, d, vocab, n, tp=1, pp=1)[\"total\"]\n"
-            "    lm_head = 2 * jnp.asarray(B, jnp.float32) * n * d * vocab\n"
-            "    flops = 3 * (L * transformer_layer_flops(d, n, B) + lm_head)\n"
-            "    act = L * transformer_layer_activation_bytes(d, n, B, heads)\n"
+            "    params = hybrid_param_count(L, h, vocab, s, tp=1, pp=1)[\"total\"]\n"
+            "    lm_head = 2 * jnp.asarray(b, jnp.float32) * s * h * vocab\n"
+            "    flops = 3 * (L * transformer_layer_flops(h, s, b) + lm_head)\n"
+            "    act = L * transformer_layer_activation_bytes(h, s, b, heads)\n"
             "    states = 16.0 * params\n"
             "    return {\"params\": params, \"flops_per_step\": flops, \"activation_bytes\": act,\n"
             "            \"model_state_bytes\": states, \"total_bytes\": states + act}\n")},
         "zero": ["training_cost"],
     },
     {
-        "name": "6N FLOPs per token instead of counting the layers",
+        "name": "6 FLOPs per parameter per token (Kaplan's 6N) instead of counting the layers",
         "cells": {"96cc6f74": (
-            "def training_cost(d, n, B, L, heads, vocab):\n"
-            "    params = L * (12 * d * d + 13 * d) + vocab * d + n * d + 2 * d\n"
-            "    act = L * transformer_layer_activation_bytes(d, n, B, heads)\n"
+            "def training_cost(h, s, b, L, heads, vocab):\n"
+            "    params = L * (12 * h * h + 13 * h) + vocab * h + s * h + 2 * h\n"
+            "    act = L * transformer_layer_activation_bytes(h, s, b, heads)\n"
             "    states = 16.0 * params\n"
-            "    return {'params': params, 'flops_per_step': 6.0 * params * B * n, 'activation_bytes': act,\n"
+            "    return {'params': params, 'flops_per_step': 6.0 * params * b * s, 'activation_bytes': act,\n"
             "            'model_state_bytes': states, 'total_bytes': states + act}\n")},
         "zero": ["training_cost"],
     },
