@@ -802,6 +802,137 @@ def _device(stages: dict[int, nn.Module]) -> torch.device:
     return torch.device("cpu")
 
 
+# --------------------------------------------------------------------------- the split backward
+def _grad_node(t: torch.Tensor):
+    """The autograd node that ``t``'s gradient flows into: its ``grad_fn``, or for a leaf (a parameter,
+    a received activation) its ``AccumulateGrad`` node, which autograd creates when first asked for
+    it; a throw-away view reaches it."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    return t.view_as(t).grad_fn.next_functions[0][0]
+
+
+def _backward_input(y: torch.Tensor, g: torch.Tensor | None, x: torch.Tensor | None,
+                    params: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, list]:
+    """B of a split backward: the gradient of the stage input ``x`` from the output gradient ``g``
+    (``None`` when ``y`` is the loss), and what W (:func:`_backward_weight`) needs to compute the
+    ``params``' gradients *without walking again what B walked*. Returns ``(gx, saved)``.
+
+    The stage's autograd graph, walked from ``y``'s node, has an **input path**: every node from which
+    ``x``'s node can be reached. ``torch.autograd.grad(y, x)`` runs exactly these nodes, and of each
+    only the outputs that lead to ``x`` (of a linear layer's ``AddmmBackward``, ``g @ W``, not
+    ``h.T @ g``). Everything else a full backward runs lies on **weight paths**, which lead to the
+    parameters only: a node from which the input path can be reached is on it. So walking *up* (to the
+    output) from a parameter's ``AccumulateGrad`` through nodes off the input path stops at the nodes
+    where its weight paths leave the input path, its **exits** (torch's "intermediates"): a linear
+    layer's ``AddmmBackward`` for its weight (via ``TBackward``) and its bias. B hooks a pre-hook on
+    every exit, which keeps the gradients that flow into the node while B runs -- computed by B anyway.
+    W restarts the engine at the exits with those gradients and runs only the weight side.
+
+    Parameters whose exits overlap form one group (one engine call in W): a layer's weight and bias,
+    a weight used in two layers. Not one call for all: started at every layer's exit at once, the
+    engine would walk the input path again from the top layer's exit down to the lower layers' (it
+    leads to their parameters). ``saved`` is the list of groups ``(params, {exit: gradients into
+    it})``. When ``x`` is ``None`` or needs no gradient (the first stage: its input is the data),
+    there is no input path: B computes nothing and ``saved`` has one group, every parameter the graph
+    reaches, with ``y``'s node as its exit and ``g`` as its gradient (W is the whole backward).
+    Parameters the forward did not use are in no group (their gradients stay ``None``).
+    torch's version: ``stage_backward_input`` in ``torch/distributed/pipelining/_backward.py``.
+    """
+    params = [q for q in params if q.requires_grad]
+    if y.grad_fn is None:                          # nothing in the stage needs a gradient
+        return None, []
+    root = y.grad_fn
+    parents: dict = {root: []}                     # node -> the nodes with an edge to it (nearer y)
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        for child, _ in node.next_functions:
+            if child is not None:
+                if child not in parents:
+                    parents[child] = []
+                    todo.append(child)
+                parents[child].append(node)
+    owners = {}                                    # AccumulateGrad node -> parameter, for those y reaches
+    for q in params:
+        node = _grad_node(q)
+        if node in parents:
+            owners[node] = q
+    if x is None or not x.requires_grad:           # no input path: W does the whole backward
+        if not owners:
+            return None, []
+        g = torch.ones_like(y) if g is None else g
+        return None, [(list(owners.values()), {root: (None,) * y.output_nr + (g,)})]
+
+    on_path = {_grad_node(x)}                      # the input path: up from x's node
+    todo = [n for n in on_path if n in parents]
+    while todo:
+        for up in parents[todo.pop()]:
+            if up not in on_path:
+                on_path.add(up)
+                todo.append(up)
+    groups: list[tuple[list, set]] = []            # (params, their exits)
+    for node, q in owners.items():
+        exits, seen, todo = set(), {node}, [node]
+        while todo:                                # up from the parameter, off the input path
+            for up in parents[todo.pop()]:
+                if up in on_path:
+                    exits.add(up)
+                elif up not in seen:
+                    seen.add(up)
+                    todo.append(up)
+        joined = [grp for grp in groups if grp[1] & exits]   # groups sharing an exit merge with it
+        groups = [grp for grp in groups if not grp[1] & exits]
+        groups.append(([q] + [p for grp in joined for p in grp[0]],
+                       exits.union(*(grp[1] for grp in joined))))
+
+    captured: dict = {}                            # exit -> the gradients that flowed into it in B
+    hooks = [n.register_prehook(lambda grads, n=n: captured.__setitem__(n, grads))
+             for _, exits in groups for n in exits]
+    try:
+        gx, = torch.autograd.grad(y, x, g, retain_graph=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return gx, [(qs, {n: captured[n] for n in exits if n in captured}) for qs, exits in groups]
+
+
+def _backward_weight(saved: list) -> None:
+    """W of a split backward: accumulate the parameters' gradients from what :func:`_backward_input`
+    saved, one engine call per group of parameters (``backward``, not ``autograd.grad``: the gradients
+    go into ``.grad`` through the parameters' ``AccumulateGrad`` nodes, whose hooks run, as in a full
+    backward)::
+
+        torch.autograd.backward([GradientEdge(exit, k), ...], [its gradient from B, ...], inputs=params)
+
+    The engine starts at the exits with the gradients B captured there and runs only what leads to the
+    group's parameters: of each exit the outputs on its weight paths (a linear layer's ``h.T @ g``),
+    then the weight paths themselves; the input path above the exits is not walked again, so B + W
+    cost one backward. One catch: when a group's exit lies *below* another on the input path (a weight
+    used in layers 1 and 3), the engine also runs the input path between them (it leads to the lower
+    exit's parameter) and would add that to the lower exit's gradient, which B's capture already holds
+    in full. A pre-hook on each exit returns what B captured there instead (torch's clamp), so nothing
+    counts twice; that stretch is computed in vain, as in torch's ``stage_backward_weight``.
+    """
+    for k, (params, captured) in enumerate(saved):
+        edges, grads = [], []
+        for node, gs in captured.items():
+            for i, gi in enumerate(gs):
+                if gi is not None:
+                    edges.append(torch.autograd.graph.GradientEdge(node, i))
+                    grads.append(gi)
+        if not edges:
+            continue
+        clamps = []
+        if len(captured) > 1:   # an exit may lie below another: it gets what B captured, once
+            clamps = [node.register_prehook(lambda _, gs=gs: gs) for node, gs in captured.items()]
+        try:   # keep the graph for the next groups: their exits may lie on this one's way
+            torch.autograd.backward(edges, grads, retain_graph=k < len(saved) - 1, inputs=params)
+        finally:
+            for h in clamps:
+                h.remove()
+
+
 def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Module],
                  microbatches: Sequence[torch.Tensor] | None = None,
                  targets: Sequence[torch.Tensor] | None = None,
@@ -846,7 +977,9 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
     The first micro-batch a stage receives from a neighbour is preceded by a small header with its
     dtype and shape, the others reuse it (every micro-batch of a stage must have the same shape, as
     :func:`split_microbatches` makes them; a different one raises on the sending rank). Gradients
-    accumulate in the stages' parameters (zero them between steps). In an active
+    accumulate in the stages' parameters (zero them between steps). A split backward's B runs
+    :func:`_backward_input` (the input's gradient, keeping the gradients where the weight paths leave
+    the input path) and its W :func:`_backward_weight` (the weights' gradients from those). In an active
     :class:`course_lib.trace.Recorder`, every action is one span of kind ``"forward"``, ``"backward"``
     or ``"weight"`` with ``stage`` and ``microbatch``.
 
@@ -937,7 +1070,7 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
             return sum(t.untyped_storage().nbytes() for (d, _, _), t in outbox.items() if d == 1)
         return sum(t.untyped_storage().nbytes() for (d, _, _), ws in pending.items() if d == 1 for _, t in ws)
 
-    saved: dict[tuple, list] = {}  # (stage, mb) -> [input, output or loss, gradient of the output]
+    saved: dict[tuple, list] = {}  # (stage, mb) -> [input, output or loss, W's groups (split only)]
     losses = [None] * m
     for item in programs[rank]:
         if item[0] == "x":
@@ -973,26 +1106,20 @@ def run_schedule(schedule: Sequence[Sequence[Action]], stages: dict[int, nn.Modu
                 if not split:
                     torch.autograd.backward(y, g)
                     gx = x.grad if s > 0 else None
-                elif s > 0:
-                    gx, = torch.autograd.grad(y, x, g, retain_graph=True)
-                else:
-                    gx = None
+                else:   # B alone: x's gradient, and the gradients W starts from (_backward_input)
+                    params = [q for q in stages[s].parameters() if q.requires_grad]
+                    gx, saved[(s, i)][2] = _backward_input(y, g, x if s > 0 else None, params)
             if s > 0:
                 put(gx, 1, s, i, stage_rank(s - 1, p))
-            if split:
-                saved[(s, i)][2] = g
-            else:
+            if not split:
                 del saved[(s, i)]
-        else:  # W: the weight gradient of a split backward. It walks the stage's graph again from
-            # its output (re-traversing the input-gradient path B took: B + W cost nearly two
-            # backwards on a multi-layer stage); torch's stage_backward_weight starts from the
-            # intermediate gradients B captured instead. The schedule is the same either way.
-            x, y, g = saved.pop((s, i))
-            params = [q for q in stages[s].parameters() if q.requires_grad]
+        else:  # W: the weight gradients of a split backward, from the gradients B captured where
+            # the weight paths leave the input path (_backward_weight): B + W cost one backward
+            x, y, weight_grads = saved.pop((s, i))
             with span:
-                if params:
-                    torch.autograd.backward(y, g, inputs=params)
-        x = y = g = gx = loss = None  # drop this action's references: what is alive is what is kept
+                _backward_weight(weight_grads)
+        # drop this action's references: what is alive is what is kept
+        x = y = g = gx = loss = weight_grads = None
         if after_action is not None:
             after_action(a, gradients_held())
     for ws in pending.values():  # unpaired: gloo reports a send complete only when waited for

@@ -1,7 +1,8 @@
 """Pipeline parallelism from scratch (course_lib.pipeline).
 
 Schedules are data, so most checks need no processes: validity, simulated bubbles against
-``(p-1)/(v m + p-1)``, activations in flight. The runner is checked on one warm 4-rank gloo cluster:
+``(p-1)/(v m + p-1)``, activations in flight, and the split backward's B then W against one full
+backward (the same gradients, the same FLOPs). The runner is checked on one warm 4-rank gloo cluster:
 every schedule's gradients and loss against the sequential model on the whole batch, on 2 ranks (a
 subgroup) and 4 ranks, and against ``torch.distributed.pipelining`` on the same stages.
 """
@@ -155,6 +156,111 @@ def test_sleep_layer_splits_its_backward():
     assert layer.gain.grad == pytest.approx(float(x.detach().sum()))
 
 
+# --------------------------------------------------------------------------- the split backward, B then W
+def _flops(fn):
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as fc:
+        out = fn()
+    return out, fc.get_total_flops()
+
+
+def _deep_stage():
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(16, 16), nn.Tanh())])
+
+
+def _full_and_split(make, x, g, loss=None):
+    """``(gradients, FLOPs)`` of one full backward and of B then W, on two copies of the same stage:
+    the gradients are ``[x's] + [each parameter's]`` (``None`` where none)."""
+    def run(split):
+        mod = make()
+        xi = x.detach().clone().requires_grad_(x.requires_grad)
+        y = mod(xi)
+        y = loss(y) if loss else y
+        if not split:
+            _, f = _flops(lambda: torch.autograd.backward(y, g))
+            return [xi.grad] + [q.grad for q in mod.parameters()], (f,)
+        (gx, saved), fb = _flops(lambda: P._backward_input(y, g, xi, list(mod.parameters())))
+        assert all(q.grad is None for q in mod.parameters())        # B leaves the weights to W
+        _, fw = _flops(lambda: P._backward_weight(saved))
+        return [gx] + [q.grad for q in mod.parameters()], (fb, fw)
+    return run(False), run(True)
+
+
+def test_split_backward_is_one_backward_on_a_deep_stage():
+    x, g = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16)
+    (ref, (full,)), (got, (fb, fw)) = _full_and_split(_deep_stage, x, g)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))        # bitwise: the same kernels, same order
+    # 8 matmuls of 2*8*16*16 FLOPs: B the 4 on the input path, W the 4 for the weights, none twice
+    # (re-walking the graph from y, W would redo the 3 input-path matmuls above the first layer's)
+    assert (fb, fw, full) == (4 * 4096, 4 * 4096, 8 * 4096)
+    assert fb + fw == full
+
+
+def test_split_backward_first_stage_and_loss_stage():
+    # first stage: the input is data, so B computes nothing and W is the whole backward
+    x, g = torch.randn(8, 16), torch.randn(8, 16)
+    (ref, (full,)), (got, (fb, fw)) = _full_and_split(_deep_stage, x, g)
+    assert got[0] is None and ref[0] is None
+    assert all(torch.equal(a, b) for a, b in zip(ref[1:], got[1:]))
+    assert (fb, fw) == (0, full)
+    # last stage: y is the loss (no output gradient)
+    x, t = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16)
+    (ref, (full,)), (got, (fb, fw)) = _full_and_split(
+        _deep_stage, x, None, loss=lambda y: nn.functional.mse_loss(y, t) / 4)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert fb + fw == full
+
+
+class _Tied(nn.Module):
+    """A weight used in the first and the third layer (its exits lie one below the other on the input
+    path), and a parameter the forward does not use."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.unused = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        h = torch.tanh(self.b(h))
+        return torch.tanh(nn.functional.linear(h, self.a.weight))
+
+
+def test_split_backward_tied_and_unused_parameters():
+    x, g = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16)
+    (ref, _), (got, _) = _full_and_split(_Tied, x, g)
+    ref, got = (dict(zip(["x"] + [n for n, _ in _Tied().named_parameters()], v)) for v in (ref, got))
+    assert ref.pop("unused") is None and got.pop("unused") is None  # unused: no gradient, as before
+    for n in ref:
+        # counted once (W's clamp: without it, a.weight would get layer 3's contribution twice);
+        # bitwise here, to float rounding in general (the two uses may be summed in another order)
+        assert torch.allclose(ref[n], got[n], rtol=1e-6, atol=1e-7), n
+    mod = _Tied()
+    y = mod(x)
+    gx, saved = P._backward_input(y, g, x, list(mod.parameters()))
+    name = {id(q): n for n, q in mod.named_parameters()}
+    groups = sorted(sorted(name[id(q)] for q in qs) for qs, _ in saved)
+    assert groups == [["a.bias", "a.weight"], ["b.bias", "b.weight"]]  # a.weight joins its bias
+
+
+def test_split_backward_of_sleep_layers_sleeps_each_half_once(monkeypatch):
+    from course_lib import models
+    slept = []
+    monkeypatch.setattr(models.time, "sleep", slept.append)
+    stage = nn.Sequential(models.SleepLayer(0.1), models.SleepLayer(0.1))   # backward 0.2 s: 0.1 B, 0.1 W
+    x = torch.randn(3, 2, requires_grad=True)
+    y = stage(x)
+    slept.clear()
+    gx, saved = P._backward_input(y, torch.ones_like(y), x, list(stage.parameters()))
+    assert slept == [0.1, 0.1]                                       # the two layers' input halves
+    slept.clear()
+    P._backward_weight(saved)
+    assert slept == [0.1, 0.1]                                       # their weight halves, once each
+    assert all(q.grad is not None for q in stage.parameters())
+
+
 # --------------------------------------------------------------------------- the runner, for real
 @pytest.fixture(scope="module")
 def cluster():
@@ -162,9 +268,9 @@ def cluster():
         yield c
 
 
-def _step_case(rank, world_size, pp, name, m, v, torch_name, paired=False):
+def _step_case(rank, world_size, pp, name, m, v, torch_name, paired=False, depth=1):
     """Every stage's gradients after one pipelined step vs the sequential model on the whole batch
-    (``paired``: the runner's NCCL path, on gloo)."""
+    (``paired``: the runner's NCCL path, on gloo; ``depth``: layers per stage)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -176,7 +282,7 @@ def _step_case(rank, world_size, pp, name, m, v, torch_name, paired=False):
         return None
     torch.manual_seed(0)
     S = pp * v
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(S)])
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(S * depth)])
     x, y = torch.randn(24, 6), torch.randn(24, 6)
     loss_fn = nn.functional.mse_loss
     ref = loss_fn(model(x), y)
@@ -232,6 +338,16 @@ def test_schedule_equals_sequential_and_torch(cluster, pp, name, m, v, torch_nam
 def test_paired_runner_the_nccl_path_equals_sequential(cluster, pp, name, m, v):
     """The rounds of paired exchanges NCCL gets (PairedP2P on gloo) give the sequential gradients too."""
     results = [r for r in cluster.run(_step_case, pp, name, m, v, None, True) if r is not None]
+    assert len(results) == pp and all(r["err"] < 1e-6 for r in results), results
+    last = [r for r in results if r["holds_last"]]
+    assert last[0]["loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
+
+
+@pytest.mark.parametrize("pp,paired", [(2, True), (4, False)])
+def test_zb_h1_on_stages_of_several_layers_equals_sequential(cluster, pp, paired):
+    """W starts from the gradients B captured inside the stage (three layers each): still the sequential
+    gradients, on the first stage (no input gradient), the middle ones and the last (the loss)."""
+    results = [r for r in cluster.run(_step_case, pp, "zb-h1", 6, 1, None, paired, 3) if r is not None]
     assert len(results) == pp and all(r["err"] < 1e-6 for r in results), results
     last = [r for r in results if r["holds_last"]]
     assert last[0]["loss"] == pytest.approx(last[0]["ref"], rel=1e-6)
