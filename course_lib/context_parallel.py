@@ -52,8 +52,8 @@ Bytes one rank sends (:func:`ring_attention_bytes`; one K/V block is ``2 b a n d
 skipping the future's blocks, rank ``r`` computes ``(r + 1) n^2`` (query, key) pairs and the step
 waits for the slowest, ``N n^2``. The *zig-zag* layout cuts the sequence into ``2N`` chunks and gives
 rank ``r`` chunks ``r`` and ``2N-1-r`` (one early, one late): every rank then computes
-``(2N + 1) (n/2)^2`` pairs (:func:`ring_work` gives both; the ring reports what it computed in
-``trace`` spans). This is the layout of Megatron-LM's context parallelism (Megatron-Core's
+``(2N + 1) (n/2)^2`` pairs (:func:`ring_work` gives both, :func:`ring_tiles` which tiles, step by
+step; the ring reports what it computed in ``trace`` spans). This is the layout of Megatron-LM's context parallelism (Megatron-Core's
 ``get_batch_on_this_cp_rank``) and of ``torch.distributed.tensor.experimental.context_parallel``'s
 head-tail load balancer; Brandon et al. 2023 ("Striped Attention") balance with a striped layout
 (token ``t`` on rank ``t mod N``) instead, which is not implemented here. :func:`sequence_positions`,
@@ -139,6 +139,7 @@ __all__ = [
     "gather_sequence",
     "ring_attention",
     "ring_work",
+    "ring_tiles",
     "ring_attention_bytes",
     "ulysses_attention",
     "ulysses_bytes",
@@ -501,7 +502,8 @@ class _Ring(torch.autograd.Function):
             nxt = torch.empty_like(kv) if i < N - 1 else None
             handle = _post(g, kv, nxt, _KV_TAG) if nxt is not None else None  # overlaps the compute below
             tiles = list(_tiles(chunks[r], chunks[src], causal))
-            with trace.span("compute", f"ring_attention/step {i}", step=i, src=src, pairs=_pairs(tiles)):
+            with trace.span("compute", f"ring_attention/step {i}", step=i, src=src, pairs=_pairs(tiles),
+                            tiles=_rects(chunks[r], chunks[src], tiles)):
                 for q_lo, q_hi, q_st, k_lo, k_hi, k_st in tiles:
                     o, l = attend_block(q[..., q_lo:q_hi, :], kv[0, ..., k_lo:k_hi, :], kv[1, ..., k_lo:k_hi, :],
                                         causal=causal, q_offset=q_st, k_offset=k_st, scale=scale)
@@ -532,7 +534,7 @@ class _Ring(torch.autograd.Function):
             dkv = torch.zeros((2,) + tuple(k.shape), dtype=acc, device=q.device)
             tiles = list(_tiles(chunks[r], chunks[src], ctx.causal))
             with trace.span("compute", f"ring_attention backward/step {i}", step=i, src=src,
-                            pairs=_pairs(tiles)):
+                            pairs=_pairs(tiles), tiles=_rects(chunks[r], chunks[src], tiles)):
                 for q_lo, q_hi, q_st, k_lo, k_hi, k_st in tiles:
                     gq, gk, gv = attend_block_backward(
                         q[..., q_lo:q_hi, :], kv[0, ..., k_lo:k_hi, :], kv[1, ..., k_lo:k_hi, :],
@@ -564,6 +566,20 @@ def _pairs(tiles) -> int:
     return sum((q_hi - q_lo) * (k_hi - k_lo) for q_lo, q_hi, _, k_lo, k_hi, _ in tiles)
 
 
+def _rects(mine, theirs, tiles) -> list[tuple[int, int, int, int]]:
+    """``tiles`` (rows of the local shares) as rectangles of sequence positions ``(q_lo, q_hi, k_lo,
+    k_hi)``, one per (query chunk, key chunk) a tile covers: what :func:`ring_tiles` reports."""
+    out = []
+    for q_lo, q_hi, _, k_lo, k_hi, _ in tiles:
+        for lo, hi, start in mine:
+            a, b = max(lo, q_lo), min(hi, q_hi)
+            for klo, khi, kstart in theirs:
+                c, e = max(klo, k_lo), min(khi, k_hi)
+                if a < b and c < e:
+                    out.append((start + a - lo, start + b - lo, kstart + c - klo, kstart + e - klo))
+    return out
+
+
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, *,
                    causal: bool = False, layout: str = "contiguous", scale: float | None = None,
                    transport=None) -> torch.Tensor:
@@ -585,7 +601,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
         rank's share of ``dq, dk, dv``. Sends ``ring_attention_bytes`` per rank; with a
         :class:`course_lib.trace.Recorder` active, every step adds a ``"compute"`` span carrying
         ``pairs`` (the (query, key) pairs it computed per batch element and head: :func:`ring_work`)
-        and a ``"comm"`` event with its bytes.
+        and ``tiles`` (which ones, as rectangles of sequence positions: :func:`ring_tiles`), and a
+        ``"comm"`` event with its bytes.
     """
     _check_qkv(q, k, v, "ring_attention", same_length=True)
     _check_layout(layout)
@@ -609,6 +626,29 @@ def ring_work(s: int, world_size: int, *, causal: bool, layout: str = "contiguou
     if layout == "contiguous":
         return [(r + 1) * n * n for r in range(N)]
     return [(2 * N + 1) * (n // 2) ** 2] * N
+
+
+def ring_tiles(s: int, world_size: int, rank: int, *, causal: bool,
+               layout: str = "contiguous") -> list[dict]:
+    """What rank ``rank`` of :func:`ring_attention` computes at each ring step, from the same tiles
+    the ring runs: ``[{"step": i, "src": (rank - i) mod N, "tiles": [(q_lo, q_hi, k_lo, k_hi), ...],
+    "pairs": p}, ...]``, one dict per step. Each tile is a rectangle of **sequence positions**
+    (queries ``[q_lo, q_hi)`` against keys ``[k_lo, k_hi)``, one per pair of chunks); ``pairs`` is
+    their area, the (query, key) pairs per batch element and head (a tile on the diagonal is
+    computed whole, then masked). The ring's ``"compute"`` trace spans carry the same ``step``,
+    ``src``, ``tiles`` and ``pairs``; summed over the steps, ``pairs`` is :func:`ring_work`.
+    :func:`course_lib.viz.plot_ring_tiles` draws them."""
+    n = _share(s, world_size, layout)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a group of {world_size}")
+    chunks = [_chunks(r, world_size, n, layout) for r in range(world_size)]
+    out = []
+    for i in range(world_size):
+        src = (rank - i) % world_size
+        tiles = list(_tiles(chunks[rank], chunks[src], bool(causal)))
+        out.append({"step": i, "src": src, "tiles": _rects(chunks[rank], chunks[src], tiles),
+                    "pairs": _pairs(tiles)})
+    return out
 
 
 def ring_attention_bytes(b: int, a: int, s: int, d: int, world_size: int, *,

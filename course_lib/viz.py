@@ -1,6 +1,7 @@
 """Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`), the layouts of
-sharded states (:func:`plot_zero_layout`, :func:`plot_zero_stages`, :func:`plot_tp_split`: drawn from the
-descriptions the library's own objects return, so a drawing cannot disagree with the code) and others, and
+sharded states (:func:`plot_zero_layout`, :func:`plot_zero_stages`, :func:`plot_tp_split`) and the tiles of
+ring attention (:func:`plot_ring_tiles`), drawn from the descriptions the library's own objects return, so a
+drawing cannot disagree with the code, and others, and
 :func:`show`, which prints the source of the library code a notebook discusses.
 
 Every plotting function draws on a matplotlib ``Axes`` (a new one when ``ax`` is ``None``) and returns it
@@ -13,7 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["show", "plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps",
-           "plot_zero_layout", "plot_zero_stages", "plot_tp_split", "KIND_COLORS", "RANK_COLORS"]
+           "plot_zero_layout", "plot_zero_stages", "plot_tp_split", "plot_ring_tiles", "KIND_COLORS",
+           "RANK_COLORS"]
 
 # Fixed colours for the kinds of course_lib.trace's vocabulary, so that compute, communication and a
 # pipeline's forwards and backwards look the same in every notebook whichever kind comes first.
@@ -698,4 +700,109 @@ def plot_tp_split(layouts, fig=None, names: Sequence[str] | None = None, tokens:
     if new_fig:                                 # size the figure to the drawing's proportions
         w = min(13.0, max(7.0, 0.16 * (x_hi - x_lo)))
         fig.set_size_inches(w, w * (y_hi - y_lo) / (x_hi - x_lo) + 0.6)
+    return fig
+
+
+def _ring_tile_ranks(steps_per_rank) -> list[tuple[int, list[dict]]]:
+    """``[(rank, steps sorted by step)]`` of :func:`plot_ring_tiles`' input, checked."""
+    rows = []
+    for r, steps in enumerate(steps_per_rank):
+        if steps is None:
+            continue
+        steps = sorted(steps, key=lambda d: d["step"])
+        numbers = [d["step"] for d in steps]
+        if len(set(numbers)) != len(numbers):
+            raise ValueError(f"rank {r} reports steps {numbers}: one entry per ring step (pass the forward's "
+                             "'compute' events, e.g. those named 'ring_attention/step i', not the backward's too)")
+        for d in steps:
+            area = sum((q_hi - q_lo) * (k_hi - k_lo) for q_lo, q_hi, k_lo, k_hi in d["tiles"])
+            if "pairs" in d and d["pairs"] != area:
+                raise ValueError(f"rank {r}, step {d['step']}: the tiles cover {area} (query, key) pairs but the "
+                                 f"step reports pairs={d['pairs']}: the tiles and the count come from different runs")
+        rows.append((r, steps))
+    if not rows:
+        raise ValueError("plot_ring_tiles got no steps: pass every rank's list of steps, e.g. "
+                         "[context_parallel.ring_tiles(s, N, r, causal=True) for r in range(N)]")
+    return rows
+
+
+def plot_ring_tiles(steps_per_rank, s: int, axes=None, causal: bool = True, row_label: str | None = None,
+                    legend: bool = True,
+                    title: str = "Ring attention: the (query, key) tiles each rank computes, by ring step"):
+    """Which (query, key) pairs each rank of ring attention computes, and at which ring step: one
+    ``s × s`` grid per rank (queries down, keys across), each computed tile filled with its step's colour.
+
+    Args:
+        steps_per_rank: ``steps_per_rank[r]`` is rank r's list of steps, each a dict with ``"step"`` and
+            ``"tiles"`` (``[(q_lo, q_hi, k_lo, k_hi), ...]`` in sequence positions) and optionally
+            ``"pairs"`` (checked against the tiles' area): what
+            :func:`course_lib.context_parallel.ring_tiles` returns, or the forward's ``"compute"``
+            trace events of :func:`course_lib.context_parallel.ring_attention`. ``None`` entries skipped.
+        s: the sequence length.
+        axes: one Axes per rank to draw on (a row of a larger figure); default: a new figure.
+        causal: shade the pairs whose key comes after its query (masked: a tile that straddles the
+            diagonal is computed whole, then masked) and draw the diagonal.
+        row_label: written before "query position" on the first panel's y label (e.g. the layout).
+        legend: add the steps' legend below the figure.
+
+    Returns:
+        The Figure. Light grey rows are the rank's own queries; each tile is a rectangle (gid
+        ``"rank{r}:step{i}:q{q_lo}-{q_hi}:k{k_lo}-{k_hi}"``, in (key, query) data coordinates); each
+        panel's title gives the rank and the pairs it computed, so tests can read the drawing back.
+    """
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Polygon, Rectangle
+
+    rows = _ring_tile_ranks(steps_per_rank)
+    n_steps = max(len(steps) for _, steps in rows)
+    cmap = matplotlib.colormaps["viridis"]
+    colors = [cmap(0.85 * i / max(1, n_steps - 1)) for i in range(n_steps)]
+    if axes is None:
+        fig, axes = plt.subplots(1, len(rows), figsize=(2.6 * len(rows) + 0.6, 3.5), layout="constrained",
+                                 squeeze=False)
+        axes = list(axes[0])
+        fig.suptitle(title)
+    axes = list(axes)
+    if len(axes) != len(rows):
+        raise ValueError(f"got {len(axes)} axes for {len(rows)} ranks: pass one Axes per rank")
+    fig = axes[0].figure
+    tick = max(1, s // (2 * len(rows)))
+    for k, (ax, (r, steps)) in enumerate(zip(axes, rows)):
+        mine = sorted({(q_lo, q_hi) for d in steps for q_lo, q_hi, _, _ in d["tiles"]})
+        for q_lo, q_hi in mine:                     # this rank's queries: the rows it owns
+            ax.add_patch(Rectangle((0, q_lo), s, q_hi - q_lo, facecolor="0.92", edgecolor="none",
+                                   gid=f"rank{r}:rows:{q_lo}-{q_hi}", zorder=0))
+        pairs = 0
+        for d in steps:
+            i = d["step"]
+            for q_lo, q_hi, k_lo, k_hi in d["tiles"]:
+                ax.add_patch(Rectangle((k_lo, q_lo), k_hi - k_lo, q_hi - q_lo, facecolor=colors[i % n_steps],
+                                       edgecolor="white", linewidth=0.8, zorder=1,
+                                       gid=f"rank{r}:step{i}:q{q_lo}-{q_hi}:k{k_lo}-{k_hi}"))
+                pairs += (q_hi - q_lo) * (k_hi - k_lo)
+        if causal:                                  # key > query: above the diagonal (queries run down)
+            ax.add_patch(Polygon([(0, 0), (s, 0), (s, s)], closed=True, facecolor="none", edgecolor="0.55",
+                                 hatch="////", linewidth=0, zorder=2, gid=f"rank{r}:masked"))
+            ax.plot([0, s], [0, s], color="black", linewidth=0.8, zorder=3)
+        ax.set_xlim(0, s)
+        ax.set_ylim(s, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks(range(0, s + 1, tick))
+        ax.set_yticks(range(0, s + 1, tick))
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"rank {r}: {pairs:,} pairs", fontsize=10)
+        ax.set_xlabel("key position")
+        if k == 0:
+            ax.set_ylabel(f"{row_label}\nquery position" if row_label else "query position")
+    if legend:
+        handles = [Patch(facecolor=c, edgecolor="white", label=f"step {i}" + (" (own K/V)" if i == 0 else ""))
+                   for i, c in enumerate(colors)]
+        handles.append(Patch(facecolor="0.92", label="the rank's queries"))
+        if causal:
+            handles += [Patch(facecolor="white", edgecolor="0.55", hatch="////", label="key after query: masked"),
+                        Line2D([], [], color="black", linewidth=0.8, label="key = query")]
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 7), fontsize=8,
+                   frameon=False)
     return fig

@@ -146,6 +146,32 @@ def test_ring_work_shows_the_causal_imbalance_and_zigzag_removes_it():
     assert max(zigzag) < max(contiguous)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_tiles_cover_each_needed_pair_once_and_add_up_to_ring_work(layout, causal):
+    s, N = 32, 4
+    for r in range(N):
+        steps = C.ring_tiles(s, N, r, causal=causal, layout=layout)
+        assert [d["step"] for d in steps] == list(range(N))
+        assert [d["src"] for d in steps] == [(r - i) % N for i in range(N)]
+        mine = set(_positions(s, N, r, layout).tolist())
+        covered = []
+        for d in steps:
+            theirs = set(_positions(s, N, d["src"], layout).tolist())
+            area = 0
+            for q_lo, q_hi, k_lo, k_hi in d["tiles"]:
+                assert set(range(q_lo, q_hi)) <= mine and set(range(k_lo, k_hi)) <= theirs
+                covered += [(qp, kp) for qp in range(q_lo, q_hi) for kp in range(k_lo, k_hi)]
+                area += (q_hi - q_lo) * (k_hi - k_lo)
+            assert area == d["pairs"]
+        assert len(covered) == len(set(covered))                     # no pair computed twice
+        needed = {(qp, kp) for qp in mine for kp in range(s) if not causal or kp <= qp}
+        assert needed <= set(covered)                                # every visible key of every query
+        assert sum(d["pairs"] for d in steps) == C.ring_work(s, N, causal=causal, layout=layout)[r]
+    with pytest.raises(ValueError, match="rank 4 is not in a group of 4"):
+        C.ring_tiles(s, N, 4, causal=True)
+
+
 def test_bad_input_gives_clear_errors():
     q, k, v = _qkv(1, 2, 8, 8)
     with pytest.raises(ValueError, match="same shape"):
@@ -211,7 +237,8 @@ def _run_distributed(attention, causal, pos):
             "recv": (rec_f.totals()["bytes_recv"], rec_b.totals()["bytes_recv"]),
             "dispatcher": (comm_f.sent_bytes, comm_b.sent_bytes)}
     pairs = ([e["pairs"] for e in rec_f.events if e["kind"] == "compute"],
-             [e["pairs"] for e in rec_b.events if e["kind"] == "compute"])
+             [e["pairs"] for e in rec_b.events if e["kind"] == "compute"],
+             [(e.get("step"), e.get("tiles")) for e in rec_f.events if e["kind"] == "compute"])
     return errs, sent, pairs, out
 
 
@@ -246,9 +273,11 @@ def test_ring_attention_equals_one_process_attention(cluster, world, layout, cau
         assert max(errs.values()) < TOL, f"group rank {r}: {errs}"
         for how, got in sent.items():      # forward: N-1 K/V blocks; backward: K/V and dK/dV, N-1 each
             assert got == (want_bytes["forward"], want_bytes["backward"]), (r, how, got, want_bytes)
-        fwd, bwd = pairs
+        fwd, bwd, tiles = pairs
         assert len(fwd) == len(bwd) == world                     # one compute step per ring step
         assert sum(fwd) == sum(bwd) == work[r], (r, fwd, bwd, work)
+        described = C.ring_tiles(S, world, r, causal=causal, layout=layout)
+        assert tiles == [(d["step"], d["tiles"]) for d in described]    # the trace shows what ring_tiles says
 
 
 def test_ring_attention_with_ncclstyle_paired_messages(cluster):

@@ -260,3 +260,79 @@ def test_plot_tp_split_bad_input():
         ls[1]["output"]["after"] = "reduce-scatter"
     with pytest.raises(ValueError, match="sequence parallelism"):
         viz.plot_tp_split(sp)
+
+
+# ------------------------------------------------------------------ ring attention's tiles
+def ring_steps(s=8):
+    """What context_parallel.ring_tiles describes for causal ring attention on 2 ranks, contiguous
+    layout (rank 0 holds positions 0-3, rank 1 positions 4-7), spelled out by hand."""
+    return [
+        [{"step": 0, "src": 0, "tiles": [(0, 4, 0, 4)], "pairs": 16},
+         {"step": 1, "src": 1, "tiles": [], "pairs": 0}],            # rank 1's keys are all in the future
+        [{"step": 0, "src": 1, "tiles": [(4, 8, 4, 8)], "pairs": 16},
+         {"step": 1, "src": 0, "tiles": [(4, 8, 0, 4)], "pairs": 16}],
+    ]
+
+
+def tiles_drawn(ax):
+    """{(rank, step): [(q_lo, q_hi, k_lo, k_hi)]} read back from the rectangles (x = key, y = query)."""
+    out = {}
+    for p in ax.patches:
+        gid = p.get_gid() or ""
+        if ":step" in gid:
+            r, i = int(gid.split(":")[0][4:]), int(gid.split(":")[1][4:])
+            x, y, w, h = p.get_x(), p.get_y(), p.get_width(), p.get_height()
+            out.setdefault((r, i), []).append((round(y), round(y + h), round(x), round(x + w)))
+    return out
+
+
+def test_plot_ring_tiles_draws_every_ranks_tiles_where_and_when_they_are_computed():
+    steps = ring_steps()
+    fig = viz.plot_ring_tiles(steps, 8)
+    axes = fig.axes[:2]
+    got = {}
+    for ax in axes:
+        got.update(tiles_drawn(ax))
+    assert got == {(0, 0): [(0, 4, 0, 4)], (1, 0): [(4, 8, 4, 8)], (1, 1): [(4, 8, 0, 4)]}
+    assert [ax.get_title() for ax in axes] == ["rank 0: 16 pairs", "rank 1: 32 pairs"]
+    # one colour per step, the same on every rank
+    colour = {}
+    for ax in axes:
+        for p in ax.patches:
+            gid = p.get_gid() or ""
+            if ":step" in gid:
+                colour.setdefault(gid.split(":")[1], set()).add(tuple(p.get_facecolor()))
+    assert all(len(c) == 1 for c in colour.values()) and colour["step0"] != colour["step1"]
+    # the rank's own query rows in grey, queries run down (position 0 at the top), keys across
+    assert {p.get_gid() for p in axes[1].patches if ":rows:" in (p.get_gid() or "")} == {"rank1:rows:4-8"}
+    assert axes[0].yaxis_inverted() and axes[0].get_xlim() == (0, 8)
+    assert axes[0].get_xlabel() == "key position" and axes[0].get_ylabel() == "query position"
+    assert any(p.get_gid() == "rank0:masked" for p in axes[0].patches)          # causal: the future shaded
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:2] == ["step 0 (own K/V)", "step 1"] and "key after query: masked" in legend
+
+
+def test_plot_ring_tiles_on_given_axes_with_trace_events_and_no_mask():
+    events = [[dict(d, kind="compute", name=f"ring_attention/step {d['step']}") for d in ranks]
+              for ranks in ring_steps()]
+    fig, axes = plt.subplots(2, 2, layout="constrained")
+    viz.plot_ring_tiles(events, 8, axes=axes[1], causal=False, row_label="contiguous", legend=False)
+    assert axes[1][0].get_ylabel() == "contiguous\nquery position"
+    assert not any((p.get_gid() or "").endswith("masked") for p in axes[1][0].patches)
+    assert tiles_drawn(axes[1][1]) == {(1, 0): [(4, 8, 4, 8)], (1, 1): [(4, 8, 0, 4)]}
+    assert not fig.legends and not axes[0][0].patches
+
+
+def test_plot_ring_tiles_bad_input():
+    with pytest.raises(ValueError, match="no steps"):
+        viz.plot_ring_tiles([None, None], 8)
+    steps = ring_steps()
+    steps[1][1]["pairs"] = 20
+    with pytest.raises(ValueError, match="cover 16 .* pairs=20"):
+        viz.plot_ring_tiles(steps, 8)
+    steps = ring_steps()
+    steps[1] = steps[1] + steps[1]                                   # forward and backward mixed
+    with pytest.raises(ValueError, match="one entry per ring step"):
+        viz.plot_ring_tiles(steps, 8)
+    with pytest.raises(ValueError, match="one Axes per rank"):
+        viz.plot_ring_tiles(ring_steps(), 8, axes=plt.subplots(1, 3)[1])
