@@ -548,7 +548,7 @@ class ZeRO(nn.Module):
         full parameters exist only while their unit computes, and Adam's states from the first step on.
         """
         def entry(lo, n, dtype, copies=1):
-            itemsize = torch.empty((), dtype=dtype).element_size()
+            itemsize = dtype.itemsize
             return {"lo": lo, "hi": lo + n, "dtype": str(dtype).removeprefix("torch."),
                     "copies": copies, "bytes": copies * n * itemsize}
 

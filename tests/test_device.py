@@ -37,6 +37,8 @@ FACTORIES = {"empty", "zeros", "ones", "full", "arange", "range", "tensor", "as_
 
 # (file under course_lib, function) -> why its factory calls may name no device, or the CPU.
 ALLOWED = {
+    ("context_parallel.py", "sequence_positions"):
+        "positions of a sequence layout (integers, no tensor served); callers move them to their tensors' device",
     ("checkpoint.py", "ResumableSampler._epoch_order"):
         "sample indices drawn by a seeded CPU generator: the same order on every machine; they index "
         "data on any device",
