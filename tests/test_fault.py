@@ -8,7 +8,6 @@ next to torch.distributed.checkpoint (save, async_save, load 4 -> 2); torchrun -
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -516,21 +515,9 @@ def test_dcp_reshards_4_to_2(cluster4, cluster2, tmp_path, use_async):
 
 
 # ------------------------------------------------------------------ torchrun --max-restarts
-def test_torchrun_max_restarts_resumes_bitwise(cluster2, tmp_path):
-    ref = cluster2.run(train, 0, str(tmp_path / "ref"), steps=24, every=4)[0]["sha256"][:16]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "--max-restarts=3", "--monitor-interval=0.2", "-m", "course_lib.demos.resilient",
-           "--dir", str(tmp_path / "run"), "--steps", "24", "--every", "4", "--fail-at", "1:6,0:13",
-           "--pg-timeout", "20"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    finals = [ln for ln in proc.stdout.splitlines() if "params sha256" in ln]
-    assert len(finals) == 2 and all(ref in ln for ln in finals), out[-3000:]
-    assert all("resumed from step 12" in ln for ln in finals), finals
-    with open(tmp_path / "run" / "step_00000024" / "MANIFEST.json") as f:
-        assert json.load(f)["world_size"] == 2
+# The run under `torchrun --max-restarts=3` with two SIGKILLs, resumed bit for bit, is notebook 12's cell
+# (section "torchrun"), which `make test` runs under nbval with the same checks (the final sha256 equals an
+# uninterrupted run's, both ranks resumed from step 12, the manifest names 2 ranks): one run, not two.
 
 
 def test_resilient_demo_bad_input():
