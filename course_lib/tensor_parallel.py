@@ -149,6 +149,8 @@ def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
 # --------------------------------------------------------------------------- the conjugate operators
 
 class _CopyToTP(torch.autograd.Function):
+    """Megatron's f: forward, the identity; backward, the gradient summed over ``group`` (all-reduce)."""
+
     @staticmethod
     def forward(ctx, x, group, builtin):
         ctx.group, ctx.builtin = group, builtin
@@ -160,6 +162,8 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: forward, the input summed over ``group`` (all-reduce); backward, the identity."""
+
     @staticmethod
     def forward(ctx, x, group, builtin):
         return _all_reduce(x, group, builtin, "g forward")
