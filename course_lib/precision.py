@@ -12,6 +12,11 @@ Sources:
   no infinities) and E5M2 (max 57344, IEEE-like), per-tensor scaling factors.
 * NVIDIA Transformer Engine, ``transformer_engine.common.recipe`` (``DelayedScaling``,
   ``Float8CurrentScaling``) -- the scale maps a tensor's amax to ``fp8_max * 2**-margin``.
+* DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv:2412.19437), section 3.3 -- FP8 training:
+  1x128 / 128x128 block scales, the ~14-bit accumulator of Hopper's FP8 tensor cores, promotion of
+  partial sums to FP32 every 128 elements, the operations kept in BF16/FP32.
+* Open Compute Project, "OCP Microscaling Formats (MX) Specification" v1.0 (2023) -- 32-element blocks
+  with a shared E8M0 (power-of-two) scale; MXFP8.
 * Frantar et al. 2023, "GPTQ" (arXiv:2210.17323) and Lin et al. 2024, "AWQ" (arXiv:2306.00978) --
   group-wise 4-bit weight quantisation (group size 128) with round-to-nearest as the baseline.
 
@@ -26,6 +31,10 @@ What lives here:
 * low precision: :data:`FP8_FORMATS`, :func:`quantize_fp8`, :func:`dequantize_fp8`, :func:`fp8_matmul`,
                  :func:`quantize_int4`, :func:`dequantize_int4`, :func:`int4_bits_per_weight`,
                  :func:`relative_error`
+* FP8 scaling recipes: :class:`DelayedScaler` (amax history), :func:`quantize_blockwise` /
+                 :func:`dequantize_blockwise` (1x128, 128x128), :func:`quantize_mx` / :func:`dequantize_mx`
+* accumulation:  :func:`round_mantissa`, :func:`limited_precision_matmul` (``fp8_matmul(accumulate=...)``)
+* communication: :func:`fp8_all_gather` (FSDP's weight all-gather in FP8)
 """
 
 from __future__ import annotations
@@ -35,7 +44,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+
+from course_lib import collectives
 
 #: The three formats the course compares, by the names used in the prose.
 FORMATS: dict[str, torch.dtype] = {
@@ -50,6 +62,15 @@ FP8_FORMATS: dict[str, torch.dtype] = {
     "FP8-E4M3": torch.float8_e4m3fn,
     "FP8-E5M2": torch.float8_e5m2,
 }
+
+#: DeepSeek-V3's tile and block edge (arXiv:2412.19437, section 3.3.2: 1 x 128 tiles of activations,
+#: 128 x 128 blocks of weights, partial sums promoted every N_C = 128 elements).
+BLOCK = 128
+#: The OCP Microscaling Formats (MX) specification v1.0's block size: 32 elements share one scale.
+MX_BLOCK = 32
+#: Mantissa bits of the emulated FP8 tensor-core accumulator: 13 stored + the implicit leading 1 =
+#: 14 significant bits, our reading of "around 14 bits" (DeepSeek-V3, arXiv:2412.19437, section 3.3.2).
+ACC_MANTISSA_BITS = 13
 
 _INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
              torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}
@@ -535,21 +556,273 @@ def dequantize_fp8(q: torch.Tensor, scale) -> torch.Tensor:
     return q.float() / torch.as_tensor(scale, dtype=torch.float32, device=q.device)
 
 
-def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
-    """``a @ b`` as an FP8 GEMM computes it, emulated on any device: each operand quantised with its
-    own per-tensor scale (:func:`quantize_fp8`), the FP8 values multiplied and summed in float32, the
-    product divided by both scales. Returns float32.
+def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn, *,
+               scaling: str = "tensor", accumulate: str = "fp32", interval: int = 128,
+               acc_mantissa_bits: int = ACC_MANTISSA_BITS, rounding: str = "truncate") -> torch.Tensor:
+    """``a @ b`` as an FP8 GEMM computes it, emulated on any device. Returns float32.
 
-    Only the rounding of the inputs to FP8 is modelled. The float32 sum is an idealised accumulator:
-    Hopper's FP8 tensor cores keep only about 14 bits of it (DeepSeek-V3 report, arXiv:2412.19437,
-    section 3.3.2, which is why DeepSeek-V3 adds partial sums into FP32 every 128 elements of the inner
-    dimension), and real kernels also round the output.
+    Inputs: ``a`` is ``(m, k)``, ``b`` is ``(k, n)``; each is rounded to ``fmt`` with its own scales:
+
+    * ``scaling="tensor"`` (default): one scale per operand (:func:`quantize_fp8`, per-tensor current
+      scaling);
+    * ``scaling="block"``: DeepSeek-V3's fine-grained recipe (arXiv:2412.19437, section 3.3.2), one scale
+      per 1 x 128 tile of ``a`` (a row's run of 128 inner-dimension elements) and per 128 x 128 block of
+      ``b`` (:func:`quantize_blockwise`); ``k`` must be a multiple of 128.
+
+    The sum over the inner dimension (the accumulator):
+
+    * ``accumulate="fp32"`` (default): an idealised float32 accumulator; only the inputs' rounding to FP8
+      is modelled;
+    * ``accumulate="limited"``: the running sum is rounded to ``acc_mantissa_bits`` mantissa bits after
+      every addition over all ``k`` (:func:`limited_precision_matmul`), a model of Hopper's FP8 tensor
+      cores, which keep "around 14 bits" (DeepSeek-V3, section 3.3.2); per-tensor scaling only, since the
+      scales of a block recipe change along ``k``;
+    * ``accumulate="promoted"``: the same limited accumulator, but every ``interval`` elements of ``k``
+      its partial sum is multiplied by its scales and added into a float32 accumulator (DeepSeek-V3's
+      remedy, N_C = 128 elements, section 3.3.2). With ``scaling="block"``, ``interval`` must be 128.
+
+    Products of two FP8 numbers are exact in float32, so the only roundings are the inputs' (to FP8)
+    and the accumulator's. Real kernels also round the output (to BF16); that is not modelled.
     """
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"need (m, k) @ (k, n) matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
-    qa, sa = quantize_fp8(a, fmt)
-    qb, sb = quantize_fp8(b, fmt)
-    return (qa.float() @ qb.float()) / (sa * sb)
+    if scaling not in ("tensor", "block"):
+        raise ValueError(f"scaling must be 'tensor' or 'block', got {scaling!r}")
+    if accumulate not in ("fp32", "limited", "promoted"):
+        raise ValueError(f"accumulate must be 'fp32', 'limited' or 'promoted', got {accumulate!r}")
+    _check_positive_int(interval, "interval")
+    k = a.shape[1]
+    if scaling == "tensor":
+        qa, sa = quantize_fp8(a, fmt)
+        qb, sb = quantize_fp8(b, fmt)
+        if accumulate == "fp32":
+            return (qa.float() @ qb.float()) / (sa * sb)
+        every = interval if accumulate == "promoted" else None
+        return limited_precision_matmul(qa.float(), qb.float(), acc_mantissa_bits, promote_every=every,
+                                        rounding=rounding) / (sa * sb)
+    if k % BLOCK:
+        raise ValueError(f"scaling='block' needs the inner dimension k={k} to be a multiple of {BLOCK}; "
+                         f"pad k or use scaling='tensor'")
+    if accumulate == "limited":
+        raise ValueError("accumulate='limited' with scaling='block' is not a GEMM a kernel can run: the "
+                         "scales change every 128 elements of k; use accumulate='promoted' (or 'fp32')")
+    if accumulate == "promoted" and interval != BLOCK:
+        raise ValueError(f"with scaling='block' the partial sums are promoted where the scales change, "
+                         f"every {BLOCK} elements: pass interval={BLOCK}, got {interval}")
+    qa, sa = quantize_blockwise(a, (1, BLOCK), fmt)           # sa: (m, k/128)
+    n = b.shape[1]
+    bp = b if n % BLOCK == 0 else torch.cat([b, b.new_zeros(k, BLOCK - n % BLOCK)], dim=1)
+    qb, sb = quantize_blockwise(bp, (BLOCK, BLOCK), fmt)      # sb: (k/128, ceil(n/128))
+    sb = sb.repeat_interleave(BLOCK, dim=1)[:, :n]             # (k/128, n): one scale per column of a block
+    qa, qb = qa.float(), qb.float()[:, :n]
+    out = torch.zeros(a.shape[0], n, dtype=torch.float32, device=a.device)
+    for j in range(k // BLOCK):                               # one 128-wide slice of k at a time
+        cols = slice(j * BLOCK, (j + 1) * BLOCK)
+        if accumulate == "fp32":
+            part = qa[:, cols] @ qb[cols]
+        else:
+            part = limited_precision_matmul(qa[:, cols], qb[cols], acc_mantissa_bits, rounding=rounding)
+        out += part / (sa[:, j : j + 1] * sb[j : j + 1])       # (m, 1) * (1, n): this slice's scales
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Scaling recipes: delayed (amax history), fine-grained blocks, MX block formats
+# ----------------------------------------------------------------------------------------------
+
+
+
+def _check_positive_int(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+class DelayedScaler:
+    """Per-tensor *delayed* scaling, Transformer Engine's ``DelayedScaling`` recipe: the scale used at
+    step t comes from the amaxes of earlier steps (the largest of the last ``history_len``, TE's
+    ``amax_compute_algo="max"``), so quantising needs no pass over the tensor before the cast; the
+    tensor's own amax is recorded afterwards, for the next steps.
+
+    ``scale = fp8_max * 2**-margin / max(history)``; before any amax is recorded the scale is 1 (TE
+    starts its scales at 1). A value beyond ``fp8_max / scale`` saturates: delayed scaling pays when a
+    tensor's amax jumps (a spike), and keeps a small scale for ``history_len`` steps after one. TE's
+    default history is 1024 steps (``amax_history_len=1024``); :func:`quantize_fp8` without a ``scale``
+    is the *current* scaling recipe (``Float8CurrentScaling``).
+
+    Usage: ``q, scale = scaler.quantize(x)`` once per step; ``dequantize_fp8(q, scale)``.
+    """
+
+    def __init__(self, history_len: int = 16, fmt: torch.dtype = torch.float8_e4m3fn, margin: int = 0):
+        self.history_len = _check_positive_int(history_len, "history_len")
+        self.fmt = _check_fp8(fmt)
+        self.margin = margin
+        self.history: list[float] = []
+
+    def scale(self) -> float:
+        """The scale the next :meth:`quantize` will use."""
+        amax = max(self.history, default=0.0)
+        return torch.finfo(self.fmt).max * 2.0 ** -self.margin / amax if amax > 0 else 1.0
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cast ``x`` with the scale from the history, then record ``amax(|x|)``. Returns ``(q, scale)``."""
+        q, s = quantize_fp8(x, self.fmt, scale=self.scale())
+        self.history = (self.history + [x.detach().abs().max().item()])[-self.history_len:]
+        return q, s
+
+
+def _blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """``(r, c)`` -> ``(r/br, c/bc, br*bc)``: each block's elements on the last axis."""
+    if x.dim() != 2:
+        raise ValueError(f"block scaling takes a 2-D tensor (rows, cols), got shape {tuple(x.shape)}")
+    (r, c), (br, bc) = x.shape, block
+    if r % br or c % bc:
+        raise ValueError(f"block {block} does not tile a {r} x {c} tensor; choose a block whose sides "
+                         f"divide the tensor's, e.g. (1, {BLOCK}) with cols a multiple of {BLOCK}")
+    return x.reshape(r // br, br, c // bc, bc).transpose(1, 2).reshape(r // br, c // bc, br * bc)
+
+
+def _unblocks(g: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`_blocks`."""
+    (nr, nc, _), (br, bc) = g.shape, block
+    return g.reshape(nr, nc, br, bc).transpose(1, 2).reshape(nr * br, nc * bc)
+
+
+def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, BLOCK),
+                       fmt: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 with one float32 scale per ``block`` of a 2-D tensor: DeepSeek-V3's fine-grained quantisation
+    (arXiv:2412.19437, section 3.3.2, Fig. 7a): ``(1, 128)`` tiles for activations (per token, per 128
+    channels), ``(128, 128)`` blocks for weights. Each block gets ``scale = fp8_max / amax(block)``,
+    computed from the tensor itself (online, like current scaling), so an outlier only shrinks the
+    scale of its own block. Returns ``(q, scales)``: ``q`` of ``x``'s shape in ``fmt``, ``scales``
+    float32 of shape ``(rows / br, cols / bc)``; an all-zero block gets scale 1."""
+    _check_fp8(fmt)
+    if not torch.is_floating_point(x):
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    g = _blocks(x.float(), block)                                     # (nr, nc, br*bc)
+    amax = g.abs().amax(dim=-1)                                       # (nr, nc)
+    if not torch.isfinite(amax).all():
+        raise ValueError("x holds inf or NaN; block scaling needs finite values")
+    fmax = torch.finfo(fmt).max
+    scales = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    q = (g * scales.unsqueeze(-1)).clamp(-fmax, fmax).to(fmt)
+    return _unblocks(q, block), scales
+
+
+def dequantize_blockwise(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Back to float32: each block divided by its scale (the block size follows from the shapes)."""
+    _check_fp8(q.dtype)
+    (r, c), (nr, nc) = q.shape, scales.shape
+    if nr < 1 or nc < 1 or r % nr or c % nc:
+        raise ValueError(f"scales {tuple(scales.shape)} do not tile q {tuple(q.shape)}")
+    block = (r // nr, c // nc)
+    return _unblocks(_blocks(q.float(), block) / scales.unsqueeze(-1), block)
+
+
+def quantize_mx(x: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn,
+                block: int = MX_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """An MX block format (OCP Microscaling Formats specification v1.0, sections 5 and 6.3): every
+    ``block`` consecutive elements of the last dimension share one power-of-two scale ``X``, stored as an
+    E8M0 number (8 exponent bits, bias 127, no sign, no mantissa). With ``fmt`` E4M3 this is MXFP8.
+
+    The spec's conversion: ``X = 2**(floor(log2 amax) - emax_elem)`` with ``emax_elem`` the element
+    format's largest exponent (8 for E4M3, whose max is 1.75 * 2**8 = 448; 15 for E5M2), then each
+    ``x / X`` is cast to ``fmt``, saturating at ``fp8_max``. ``amax / X`` lies in [256, 512), so a
+    block whose amax has a mantissa above 1.75 clips its largest values to 448 X (at most 12.5 %).
+
+    Emulated: the E8M0 scale is kept as its 8-bit code (``uint8``, ``code = log2 X + 127``) and applied
+    as an exact float32 power of two. An all-zero block gets ``X = 1``. Returns ``(q, codes)``:
+    ``q`` in ``fmt`` with ``x``'s shape, ``codes`` uint8 of shape ``(*x.shape[:-1], n / block)``;
+    :func:`dequantize_mx` inverts it.
+    """
+    _check_fp8(fmt)
+    _check_positive_int(block, "block")
+    if not torch.is_floating_point(x) or x.dim() < 1:
+        raise TypeError(f"x must be a floating-point tensor with at least one dimension, got {x.dtype}")
+    n = x.shape[-1]
+    if n % block:
+        raise ValueError(f"block={block} does not divide the last dimension ({n}); pad it to a "
+                         f"multiple of {block}")
+    g = x.float().reshape(*x.shape[:-1], n // block, block)             # (..., blocks, block)
+    amax = g.abs().amax(dim=-1)
+    if not torch.isfinite(amax).all():
+        raise ValueError("x holds inf or NaN; MX scaling needs finite values")
+    fmax = torch.finfo(fmt).max
+    emax_elem = math.floor(math.log2(fmax))
+    # floor(log2 amax) exactly, from the float32 exponent field (log2 may round up just below 2**e)
+    exp = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax))).exponent - 1
+    e = torch.where(amax > 0, exp - emax_elem, torch.zeros_like(exp)).clamp(-127, 127)
+    q = (g * torch.exp2(-e.float()).unsqueeze(-1)).clamp(-fmax, fmax).to(fmt)
+    return q.reshape(x.shape), (e + 127).to(torch.uint8)
+
+
+def dequantize_mx(q: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Back to float32: each block of ``q`` times its scale ``2**(code - 127)``."""
+    _check_fp8(q.dtype)
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"codes must be the uint8 E8M0 codes from quantize_mx, got {codes.dtype}")
+    n, nb = q.shape[-1], codes.shape[-1]
+    if codes.shape[:-1] != q.shape[:-1] or nb < 1 or n % nb:
+        raise ValueError(f"codes {tuple(codes.shape)} do not match q {tuple(q.shape)}")
+    g = q.float().reshape(*q.shape[:-1], nb, n // nb)
+    return (g * torch.exp2(codes.float() - 127).unsqueeze(-1)).reshape(q.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Accumulation precision
+# ----------------------------------------------------------------------------------------------
+
+
+
+def round_mantissa(x: torch.Tensor, bits: int, rounding: str = "truncate") -> torch.Tensor:
+    """``x`` (float32) with its mantissa cut to ``bits`` bits (0 to 23), the exponent range kept.
+
+    ``rounding="truncate"`` drops the low bits (round toward zero: what an adder does that aligns its
+    operands and shifts out the bits below its width; how Hopper's FP8 accumulator rounds is not
+    documented, so this is a model); ``"nearest"`` rounds to nearest, ties to even. Works on the bits
+    (an int32 view), so it is exact and runs on any device. inf and NaN are not supported.
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_mantissa works on float32 tensors, got {x.dtype}; call .float() first")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= 23:
+        raise ValueError(f"bits must be an int in [0, 23] (float32 stores 23), got {bits!r}")
+    if rounding not in ("truncate", "nearest"):
+        raise ValueError(f"rounding must be 'truncate' or 'nearest', got {rounding!r}")
+    drop = 23 - bits
+    if drop == 0:
+        return x.clone()
+    i = x.contiguous().view(torch.int32)
+    if rounding == "nearest":  # add just under half a step, plus the kept last bit (ties to even)
+        i = i + ((1 << (drop - 1)) - 1) + ((i >> drop) & 1)
+    return (i & ~((1 << drop) - 1)).view(torch.float32)
+
+
+def limited_precision_matmul(a: torch.Tensor, b: torch.Tensor, mantissa_bits: int = ACC_MANTISSA_BITS,
+                             promote_every: int | None = None, rounding: str = "truncate") -> torch.Tensor:
+    """``a @ b`` summed the way a limited-precision accumulator sums it: the products ``a[:, i] * b[i, :]``
+    (exact when ``a`` and ``b`` hold FP8 values) are added one ``i`` at a time, and after every addition
+    the running sum is rounded to ``mantissa_bits`` (:func:`round_mantissa`).
+
+    With ``promote_every = N_C`` the limited sum restarts every ``N_C`` elements of the inner dimension
+    and its partial sum is added into a float32 accumulator (DeepSeek-V3's "promotion to CUDA cores",
+    arXiv:2412.19437, section 3.3.2, N_C = 128). ``a``: ``(m, k)``, ``b``: ``(k, n)``, both float32;
+    returns float32 ``(m, n)``. A Python loop over ``k``: meant for small ``m, n``.
+    """
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"need (m, k) @ (k, n) matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise TypeError(f"a and b must be float32 (FP8 values as float32), got {a.dtype} and {b.dtype}")
+    if promote_every is not None:
+        _check_positive_int(promote_every, "promote_every")
+    m, k = a.shape
+    total = torch.zeros(m, b.shape[1], dtype=torch.float32, device=a.device)   # the FP32 accumulator
+    acc = torch.zeros_like(total)                                                # the limited one
+    for i in range(k):
+        acc = round_mantissa(acc + a[:, i : i + 1] * b[i : i + 1, :], mantissa_bits, rounding)
+        if promote_every is not None and (i + 1) % promote_every == 0:
+            total += acc                                # promotion: add the partial sum in FP32
+            acc = torch.zeros_like(total)
+    return total + acc
 
 
 def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -596,3 +869,50 @@ def int4_bits_per_weight(group_size: int = 128, scale_bits: int = 16) -> float:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     return 4 + scale_bits / group_size
+
+
+# ----------------------------------------------------------------------------------------------
+# Communication: FSDP's weight all-gather in FP8
+# ----------------------------------------------------------------------------------------------
+
+
+def fp8_all_gather(shard: torch.Tensor, group=None, fmt: torch.dtype = torch.float8_e4m3fn, *,
+                   builtin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-gather a weight sharded across ``group`` (FSDP / ZeRO-3: rank r holds the r-th slice of the
+    flattened weight) in FP8 instead of BF16: half the bytes on the wire, and the GEMM that follows takes
+    FP8 operands anyway.
+
+    1. every rank's ``amax(|shard|)`` is all-gathered (4 bytes per rank) and the largest sets one
+       per-tensor scale, ``fp8_max / amax``, the same on every rank;
+    2. each rank casts its shard to ``fmt`` with that scale;
+    3. the FP8 shards are all-gathered as their bit patterns, four bytes per ``int32`` word (gloo and the
+       course's ring have no float8 types; the bytes on the wire are the same, plus up to 3 bytes of
+       padding per shard), with the course's ring (:func:`course_lib.collectives.all_gather_single`;
+       torch's own with ``builtin=True``), and viewed as ``fmt`` again.
+
+    Returns ``(q, scale)``: ``q`` the full flattened weight in ``fmt`` (``world_size * shard.numel()``
+    elements, rank order), ``scale`` a float32 0-d tensor; ``dequantize_fp8(q, scale)`` is the weight.
+    Equal to ``quantize_fp8(full_weight)`` on one process. All shards must have the same size.
+    Each rank sends ``(N-1) * shard.numel()`` bytes of FP8 plus ``(N-1) * 4`` of amaxes, against
+    ``(N-1) * 2 * shard.numel()`` for a BF16 all-gather.
+    """
+    _check_fp8(fmt)
+    if not torch.is_floating_point(shard):
+        raise TypeError(f"shard must be a floating-point tensor, got {shard.dtype}")
+    world = dist.get_world_size(group)
+    flat = shard.detach().reshape(-1).float()
+    amax = (flat.abs().max() if flat.numel() else flat.new_zeros(())).reshape(1)
+    amaxes = flat.new_empty(world)
+    collectives.all_gather_single(amaxes, amax, group=group, builtin=builtin)
+    gmax = amaxes.max()
+    if not torch.isfinite(gmax):
+        raise ValueError("a shard holds inf or NaN; FP8 scaling needs finite weights")
+    scale = torch.where(gmax > 0, torch.finfo(fmt).max / gmax, torch.ones_like(gmax))
+    q, scale = quantize_fp8(flat, fmt, scale=scale)
+    n = flat.numel()
+    pad = -n % 4                          # whole int32 words: 4 FP8 bytes travel as one int32
+    payload = torch.cat([q.view(torch.uint8), q.new_zeros(pad, dtype=torch.uint8)]).view(torch.int32)
+    out = payload.new_empty(world * payload.numel())
+    collectives.all_gather_single(out, payload, group=group, builtin=builtin)
+    full = out.view(torch.uint8).reshape(world, n + pad)[:, :n].reshape(-1)   # (world * n,) bytes
+    return full.view(fmt), scale

@@ -417,3 +417,182 @@ def test_low_precision_bad_input():
         P.relative_error(torch.ones(2), torch.zeros(2))
     with pytest.raises(TypeError, match="int8"):
         P.dequantize_int4(torch.ones(2, 4), torch.ones(2, 1))
+
+
+# ------------------------------------------------------------------ FP8 scaling recipes, accumulation
+
+E4M3_MAX = 448.0
+
+
+def test_round_mantissa_nearest_is_torch_rounding_and_truncate_rounds_toward_zero():
+    torch.manual_seed(3)
+    x = torch.randn(4096) * torch.exp2(torch.randint(-20, 20, (4096,)).float())
+    x[:3] = torch.tensor([1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, -(2.0 - 2.0 ** -9)])  # ties to even, carry
+    assert torch.equal(P.round_mantissa(x, 7, "nearest"), x.bfloat16().float())     # BF16: 7 bits, RNE
+    small = x[x.abs() < 60000]
+    small = small[small.abs() > 2.0 ** -14]                                           # FP16's normal range
+    assert torch.equal(P.round_mantissa(small, 10, "nearest"), small.half().float())
+    t = P.round_mantissa(x, 13)                                                       # truncate (default)
+    step = torch.exp2(torch.floor(torch.log2(x.abs().double())) - 13)                 # ulp at 13 bits
+    ref = torch.trunc(x.double() / step) * step                                       # toward zero, exact
+    assert torch.equal(t.double(), ref)
+    assert torch.equal(P.round_mantissa(x, 23), x)
+
+
+def test_limited_accumulator_error_grows_with_k_and_promotion_brings_it_back():
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(8, 2048, generator=g).to(E4M3).float()
+    b = torch.randn(2048, 8, generator=g).to(E4M3).float()
+    exact = a.double() @ b.double()
+    full = P.limited_precision_matmul(a, b, 23)                        # a float32 running sum
+    assert P.relative_error(full, exact) < 1e-5
+    err = {k: P.relative_error(P.limited_precision_matmul(a[:, :k], b[:k]), exact_k)
+           for k, exact_k in ((128, a[:, :128].double() @ b[:128].double()), (2048, exact))}
+    promoted = P.relative_error(P.limited_precision_matmul(a, b, promote_every=128), exact)
+    assert err[2048] > 5 * err[128] > 0                                # grows with K
+    assert promoted < 2 * err[128] < err[2048] / 2                     # back to one 128-chunk's error
+    # promotion after the last element is no promotion at all
+    assert torch.equal(P.limited_precision_matmul(a[:, :128], b[:128], promote_every=128),
+                       P.limited_precision_matmul(a[:, :128], b[:128]))
+
+
+def test_fp8_matmul_accumulate_options_and_default_unchanged():
+    torch.manual_seed(5)
+    a, b = torch.randn(8, 1024), torch.randn(1024, 8)
+    qa, sa = P.quantize_fp8(a)
+    qb, sb = P.quantize_fp8(b)
+    assert torch.equal(P.fp8_matmul(a, b), (qa.float() @ qb.float()) / (sa * sb))   # the default
+    limited = P.fp8_matmul(a, b, accumulate="limited")
+    assert torch.equal(limited, P.limited_precision_matmul(qa.float(), qb.float()) / (sa * sb))
+    promoted = P.fp8_matmul(a, b, accumulate="promoted")
+    assert torch.equal(promoted, P.limited_precision_matmul(qa.float(), qb.float(), promote_every=128) / (sa * sb))
+    ideal = P.fp8_matmul(a, b)
+    assert P.relative_error(promoted, ideal) < P.relative_error(limited, ideal) / 3
+
+
+def test_blockwise_is_per_block_current_scaling_and_isolates_an_outlier():
+    torch.manual_seed(6)
+    x = torch.randn(4, 256)
+    x[0, 5] = 1e5                                                     # one outlier, in tile (0, 0)
+    q, s = P.quantize_blockwise(x, (1, 128))
+    assert q.dtype == E4M3 and s.shape == (4, 2)
+    for r in range(4):                                               # reference: each tile on its own
+        for c in range(2):
+            ref_q, ref_s = P.quantize_fp8(x[r, 128 * c : 128 * (c + 1)])
+            assert torch.equal(q[r, 128 * c : 128 * (c + 1)].view(torch.uint8), ref_q.view(torch.uint8))
+            assert s[r, c] == ref_s
+    back = P.dequantize_blockwise(q, s)
+    other = torch.ones_like(x, dtype=torch.bool)
+    other[0, :128] = False                                           # every tile but the outlier's
+    assert P.relative_error(back[other], x[other]) < 2.0 ** -4
+    per_tensor = P.dequantize_fp8(*P.quantize_fp8(x))
+    assert P.relative_error(per_tensor[other], x[other]) > 4 * P.relative_error(back[other], x[other])
+    w = torch.randn(256, 384)
+    qw, sw = P.quantize_blockwise(w, (128, 128))
+    assert sw.shape == (2, 3) and sw[1, 2] == E4M3_MAX / w[128:, 256:].abs().max()
+    assert P.relative_error(P.dequantize_blockwise(qw, sw), w) < 2.0 ** -4
+
+
+def test_fp8_matmul_block_scaling_equals_dequantised_operands():
+    torch.manual_seed(7)
+    a, b = torch.randn(6, 256), torch.randn(256, 200)                 # n = 200: a partial 128-block
+    a[:, 3] *= 1000                                                  # an outlier channel
+    da = P.dequantize_blockwise(*P.quantize_blockwise(a, (1, 128)))
+    bp = torch.cat([b, torch.zeros(256, 56)], dim=1)
+    db = P.dequantize_blockwise(*P.quantize_blockwise(bp, (128, 128)))[:, :200]
+    out = P.fp8_matmul(a, b, scaling="block")
+    torch.testing.assert_close(out, da @ db, rtol=1e-5, atol=1e-3)
+    exact = a @ b
+    promoted = P.fp8_matmul(a, b, scaling="block", accumulate="promoted")
+    assert P.relative_error(promoted, exact) < 1.2 * P.relative_error(out, exact)
+    assert P.relative_error(out, exact) < P.relative_error(P.fp8_matmul(a, b), exact)
+
+
+def test_mx_scale_is_the_specs_power_of_two_and_clips_above_448():
+    x = torch.tensor([[1.0, -3.0, 0.25, 2.0] * 8 + [0.5] * 31 + [500.0]])  # two 32-blocks
+    x = torch.cat([x, torch.zeros(1, 64)])                               # a zero row
+    q, codes = P.quantize_mx(x)
+    assert codes.dtype == torch.uint8 and codes.shape == (2, 2)
+    # floor(log2 amax) - 8 (E4M3's emax), biased by 127: 3 -> 2**1 = 2; 500 -> 2**8 = 256
+    assert codes[0].tolist() == [1 - 8 + 127, 8 - 8 + 127] and codes[1].tolist() == [127, 127]
+    back = P.dequantize_mx(q, codes)
+    assert torch.equal(back[0, :32], x[0, :32])                          # exact in E4M3 after / 2**-7
+    assert back[0, 63].item() == 448.0                                   # 500 / X = 500 > 448: clipped
+    y = torch.tensor([[1.9 * 2.0 ** 5] + [1.0] * 31])                    # amax 60.8: X = 2**(5-8)
+    qy, cy = P.quantize_mx(y)
+    assert cy.item() == 5 - 8 + 127 and P.dequantize_mx(qy, cy)[0, 0].item() == 448 * 2.0 ** -3  # clipped
+    torch.manual_seed(8)
+    z = torch.randn(16, 256)
+    assert P.relative_error(P.dequantize_mx(*P.quantize_mx(z)), z) < 2.0 ** -4
+
+
+def test_delayed_scaler_uses_the_history_and_saturates_on_a_spike():
+    d = P.DelayedScaler(history_len=3)
+    assert d.scale() == 1.0                                            # nothing recorded yet
+    for amax in (2.0, 4.0, 1.0):
+        d.quantize(torch.tensor([amax, -amax / 2]))
+    assert d.scale() == E4M3_MAX / 4.0                                 # max of the last 3
+    q, s = d.quantize(torch.tensor([100.0, 1.0]))                      # a spike: saturates at 448
+    assert s.item() == E4M3_MAX / 4.0 and P.dequantize_fp8(q, s)[0].item() == 4.0
+    assert d.history == [4.0, 1.0, 100.0] and d.scale() == E4M3_MAX / 100.0
+    for _ in range(3):
+        d.quantize(torch.tensor([1.0]))
+    assert d.scale() == E4M3_MAX / 1.0                                 # the spike left the window
+
+
+def _fp8_all_gather_work(rank, world_size):
+    from course_lib import precision as P, trace
+    w = torch.randn(30, 11, generator=torch.Generator().manual_seed(9)) * 0.02   # 330: no multiple of 4
+    w[7, 3] = 0.5
+    out = {}
+    for name, ranks in (("world", list(range(world_size))), ("pair", [0, 2])):
+        group = torch.distributed.new_group(ranks)
+        if rank not in ranks:
+            continue
+        r, n = ranks.index(rank), len(ranks)
+        full = w.reshape(-1)[: 110 * n]
+        shard = full[110 * r : 110 * (r + 1)]
+        with trace.Recorder() as rec:
+            q, s = P.fp8_all_gather(shard, group=group)
+        built_q, built_s = P.fp8_all_gather(shard, group=group, builtin=True)
+        out[name] = (q.view(torch.uint8), s, built_q.view(torch.uint8), built_s, full,
+                     rec.totals()["bytes_sent"], n)
+    return out
+
+
+def test_fp8_all_gather_equals_one_process_quantisation_with_half_the_bytes():
+    from course_lib.launch import run
+    res = run(_fp8_all_gather_work, 3)
+    for rank, out in enumerate(res):
+        assert set(out) == ({"world", "pair"} if rank != 1 else {"world"})
+        for q, s, bq, bs, full, sent, n in out.values():
+            ref_q, ref_s = P.quantize_fp8(full)
+            assert torch.equal(q, ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+            assert torch.equal(bq, q) and torch.equal(bs, s)
+            assert sent == (n - 1) * (112 + 4)                       # 110 FP8 bytes padded to 112, one amax
+            assert sent < 0.53 * (n - 1) * 2 * 110                    # vs a BF16 all-gather
+
+
+def test_scaling_recipes_bad_input():
+    with pytest.raises(ValueError, match="does not tile"):
+        P.quantize_blockwise(torch.ones(4, 100))
+    with pytest.raises(ValueError, match="2-D"):
+        P.quantize_blockwise(torch.ones(128))
+    with pytest.raises(ValueError, match="does not divide"):
+        P.quantize_mx(torch.ones(2, 40))
+    with pytest.raises(TypeError, match="uint8"):
+        P.dequantize_mx(torch.ones(2, 32).to(E4M3), torch.ones(2, 1))
+    with pytest.raises(ValueError, match="history_len"):
+        P.DelayedScaler(history_len=0)
+    with pytest.raises(TypeError, match="float32"):
+        P.round_mantissa(torch.ones(2, dtype=torch.float64), 13)
+    with pytest.raises(ValueError, match=r"\[0, 23\]"):
+        P.round_mantissa(torch.ones(2), 24)
+    with pytest.raises(ValueError, match="accumulate"):
+        P.fp8_matmul(torch.ones(2, 128), torch.ones(128, 2), accumulate="fp16")
+    with pytest.raises(ValueError, match="multiple of 128"):
+        P.fp8_matmul(torch.ones(2, 100), torch.ones(100, 2), scaling="block")
+    with pytest.raises(ValueError, match="promoted"):
+        P.fp8_matmul(torch.ones(2, 128), torch.ones(128, 2), scaling="block", accumulate="limited")
+    with pytest.raises(ValueError, match="interval=128"):
+        P.fp8_matmul(torch.ones(2, 256), torch.ones(256, 2), scaling="block", accumulate="promoted", interval=64)
