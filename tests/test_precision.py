@@ -596,3 +596,13 @@ def test_scaling_recipes_bad_input():
         P.fp8_matmul(torch.ones(2, 128), torch.ones(128, 2), scaling="block", accumulate="limited")
     with pytest.raises(ValueError, match="interval=128"):
         P.fp8_matmul(torch.ones(2, 256), torch.ones(256, 2), scaling="block", accumulate="promoted", interval=64)
+
+
+def test_fp8_matmul_equals_torch_scaled_mm():
+    """The default (FP32-accumulated) emulation is PyTorch's own FP8 GEMM on the same scaled inputs."""
+    torch.manual_seed(10)
+    a, b = torch.randn(12, 256), torch.randn(256, 20)
+    qa, sa = P.quantize_fp8(a)
+    qb, sb = P.quantize_fp8(b)
+    ref = torch._scaled_mm(qa, qb.t().contiguous().t(), scale_a=1 / sa, scale_b=1 / sb, out_dtype=torch.float32)
+    assert P.relative_error(P.fp8_matmul(a, b), ref) < 1e-6
