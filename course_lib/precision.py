@@ -656,6 +656,8 @@ class DelayedScaler:
     def __init__(self, history_len: int = 16, fmt: torch.dtype = torch.float8_e4m3fn, margin: int = 0):
         self.history_len = _check_positive_int(history_len, "history_len")
         self.fmt = _check_fp8(fmt)
+        if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
+            raise ValueError(f"margin must be an int >= 0 (the scale leaves 2**margin of headroom), got {margin!r}")
         self.margin = margin
         self.history: list[float] = []
 

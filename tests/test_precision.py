@@ -584,6 +584,8 @@ def test_scaling_recipes_bad_input():
         P.dequantize_mx(torch.ones(2, 32).to(E4M3), torch.ones(2, 1))
     with pytest.raises(ValueError, match="history_len"):
         P.DelayedScaler(history_len=0)
+    with pytest.raises(ValueError, match="margin"):
+        P.DelayedScaler(margin=-1)
     with pytest.raises(TypeError, match="float32"):
         P.round_mantissa(torch.ones(2, dtype=torch.float64), 13)
     with pytest.raises(ValueError, match=r"\[0, 23\]"):
