@@ -135,7 +135,7 @@ class HybridGPT:
     def __init__(self, model: nn.Module, pmesh: ProcessMesh, *, schedule: str = "1f1b", builtin: bool = False):
         from course_lib import pipeline
 
-        if tuple(pmesh.mesh.names) not in (AXES, CP_AXES):
+        if set(pmesh.mesh.names) not in (set(AXES), set(CP_AXES)):
             raise MeshError(f"HybridGPT needs a mesh with axes {AXES} or {CP_AXES}, got {pmesh.mesh.names}")
         if schedule not in pipeline.SCHEDULES or schedule in ("interleaved", "naive"):
             raise ValueError(f"schedule must be one of 'gpipe', '1f1b', 'zb-h1' (one stage per rank), got {schedule!r}")
