@@ -296,9 +296,12 @@ def test_context_parallel_training_equals_one_process(cluster4, shape):
 
 def _bad_hybrid(rank, world_size, what):
     from course_lib.hybrid_gpt import make_batches, make_model
-    pm = M.init_process_mesh((1, 4, 1) if what == "stages" else (2, 1, 2))
+    if what == "cp":                   # a 6-token sequence does not cut into the 2 cp = 4 zig-zag chunks
+        pm = M.init_process_mesh((2, 1, 2, 1), M.CP_AXES)
+    else:
+        pm = M.init_process_mesh((1, 4, 1) if what == "stages" else (2, 1, 2))
     h = hybrid_gpt.HybridGPT(make_model(), pm)
-    (x, y), = make_batches(1, batch=15 if what == "batch" else 16)
+    (x, y), = make_batches(1, batch=15 if what == "batch" else 16, block=6 if what == "cp" else 16)
     h.forward_backward(x, y, 3 if what == "micro" else 2)
 
 
@@ -306,6 +309,7 @@ def _bad_hybrid(rank, world_size, what):
     ("stages", "pp=4 stages but the model has 2 blocks"),
     ("batch", "does not split into dp=2 equal shards"),
     ("micro", "3 micro-batches do not divide the batch of 8"),
+    ("cp", "the sequence length s=6 does not split over N=2 ranks: the zig-zag layout cuts it into 2N = 4"),
 ])
 def test_bad_hybrid_input_says_what_to_change(cluster4, what, words):
     with pytest.raises(RankError) as e:
