@@ -1,4 +1,5 @@
-"""The tiny GPT on a ``(dp, pp, tp)`` mesh: the model and its training run (notebook 09).
+"""The tiny GPT on a ``(dp, pp, tp)`` mesh, or ``(dp, pp, cp, tp)``: the model and its training run
+(notebooks 09 and 15).
 
 :class:`HybridGPT` is one rank's share of a :class:`course_lib.models.TinyGPT` trained with data
 parallelism (notebook 04), tensor parallelism (notebook 07) and pipeline parallelism (notebook 08) at
@@ -15,7 +16,9 @@ on the virtual cluster (notebook 09)::
     with Cluster(8) as c:
         out = c.run(train, 2, 2, 2)          # dp, pp, tp
 
-and under ``torchrun`` through the entry point :mod:`course_lib.demos.hybrid`. This module is the twin
+and under ``torchrun`` through the entry point :mod:`course_lib.demos.hybrid`. ``train(..., cp=2)``
+adds context parallelism (notebook 15): each sequence split over ``cp`` ranks in the zig-zag layout,
+attention run as :func:`course_lib.context_parallel.ring_attention` over the ``cp`` group. This module is the twin
 of :mod:`course_lib.frontier` (notebook 14's model and run, a subclass of :class:`HybridGPT`).
 """
 
@@ -30,7 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import collectives
-from course_lib.mesh import AXES, MeshError, ProcessMesh, init_process_mesh
+from course_lib import context_parallel as cpar
+from course_lib.mesh import AXES, CP_AXES, MeshError, ProcessMesh, init_process_mesh
 
 __all__ = ["HybridGPT", "hybrid_param_count", "DEFAULTS", "make_model", "make_batches", "train_reference",
            "train", "replica_losses"]
@@ -38,15 +42,40 @@ __all__ = ["HybridGPT", "hybrid_param_count", "DEFAULTS", "make_model", "make_ba
 
 # --------------------------------------------------------------------------- the model
 class _Embed(nn.Module):
-    """Stage 0's first layer: vocabulary-parallel token embedding + replicated position embedding."""
+    """Stage 0's first layer: vocabulary-parallel token embedding + replicated position embedding.
+    With context parallelism (``cp > 1``) ``idx`` is this rank's share of each sequence, in the
+    zig-zag layout, and each token gets the embedding of its position in the full sequence."""
 
-    def __init__(self, wte: nn.Module, wpe: nn.Embedding):
+    def __init__(self, wte: nn.Module, wpe: nn.Embedding, cp: int = 1, cp_rank: int = 0):
         super().__init__()
-        self.wte, self.wpe = wte, wpe
+        self.wte, self.wpe, self.cp, self.cp_rank = wte, wpe, cp, cp_rank
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.wte(idx) + self.wpe(pos)          # (B, T, h), the same on every tp rank
+        if self.cp == 1:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+        else:                                          # my chunks' positions in the full sequence
+            pos = cpar.sequence_positions(idx.shape[1] * self.cp, self.cp, self.cp_rank, "zigzag").to(idx.device)
+        return self.wte(idx) + self.wpe(pos)          # (B, T/cp, h), the same on every tp rank
+
+
+class _RingSelfAttention(nn.Module):
+    """A tensor-parallel attention (:class:`course_lib.tensor_parallel.ParallelSelfAttention`: the same
+    ``qkv`` and ``proj`` shards) whose attention core is causal ring attention over the ``cp`` group
+    (:func:`course_lib.context_parallel.ring_attention`, zig-zag layout): the rank holds ``T/cp``
+    tokens of each sequence, their queries stay, the K/V blocks of the other ``cp - 1`` ranks pass by."""
+
+    def __init__(self, attn: nn.Module, cp_group):
+        super().__init__()
+        self.qkv, self.proj, self.local_heads, self.cp_group = attn.qkv, attn.proj, attn.local_heads, cp_group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)                                   # (B, T/cp, 3 C/t): [q | k | v] of my heads
+        B, n, _ = qkv.shape
+        c = qkv.shape[-1] // 3
+        # (B, T/cp, C/t) -> (B, local_heads, T/cp, head_dim)
+        q, k, v = (u.view(B, n, self.local_heads, c // self.local_heads).transpose(1, 2) for u in qkv.split(c, dim=2))
+        y = cpar.ring_attention(q, k, v, self.cp_group, causal=True, layout="zigzag")
+        return self.proj(y.transpose(1, 2).contiguous().view(B, n, c))
 
 
 class _Head(nn.Module):
@@ -77,7 +106,13 @@ class HybridGPT:
       :func:`~course_lib.tensor_parallel.vocab_parallel_cross_entropy`;
     * data (notebook 04): after the pipeline's backward every gradient is averaged over the ``dp``
       group with one ring all-reduce of all of them flattened (:func:`course_lib.collectives.ring_all_reduce`,
-      one bucket).
+      one bucket);
+    * context (notebook 15; only on a mesh with a ``cp`` axis, :data:`course_lib.mesh.CP_AXES`): each
+      sequence of the rank's micro-batches is split over the ``cp`` group in the zig-zag layout
+      (:func:`course_lib.context_parallel.shard_sequence`), the embedding uses the tokens' positions
+      in the full sequence and every attention is causal ring attention over the ``cp`` group. Each
+      ``cp`` rank's loss is the mean over its tokens, so the gradients are averaged over the ``dp x cp``
+      ranks of a (stage, tp) slice (one all-reduce over a ``dp_cp`` group), as Megatron-LM does.
 
     The LM head is tied to the token embedding (as GPT-2). With ``pp > 1`` they live on different
     ranks, so the last stage keeps a copy and the two copies' gradients are summed over a group of
@@ -87,19 +122,21 @@ class HybridGPT:
     Args:
         model: the full model (every rank passes the same one, e.g. built from the same seed); its
             weights are copied into the shards, ``model`` itself is not changed.
-        pmesh: this rank's :class:`ProcessMesh` with axes ``dp``, ``pp`` and ``tp``.
+        pmesh: this rank's :class:`ProcessMesh` with axes ``dp``, ``pp`` and ``tp`` (or ``dp``, ``pp``,
+            ``cp``, ``tp``).
         schedule: a name of :data:`course_lib.pipeline.SCHEDULES` without virtual stages
             (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``).
         builtin: torch's collectives for tensor and data parallelism instead of the course's rings.
 
-    ``tp`` must divide the heads and the vocabulary, ``pp`` must not exceed the number of blocks.
+    ``tp`` must divide the heads and the vocabulary, ``pp`` must not exceed the number of blocks,
+    ``2 cp`` must divide the sequence length (the zig-zag layout's chunks).
     """
 
     def __init__(self, model: nn.Module, pmesh: ProcessMesh, *, schedule: str = "1f1b", builtin: bool = False):
         from course_lib import pipeline
 
-        if set(pmesh.mesh.names) != set(AXES):
-            raise MeshError(f"HybridGPT needs a mesh with axes {AXES}, got {pmesh.mesh.names}")
+        if set(pmesh.mesh.names) not in (set(AXES), set(CP_AXES)):
+            raise MeshError(f"HybridGPT needs a mesh with axes {AXES} or {CP_AXES}, got {pmesh.mesh.names}")
         if schedule not in pipeline.SCHEDULES or schedule in ("interleaved", "naive"):
             raise ValueError(f"schedule must be one of 'gpipe', '1f1b', 'zb-h1' (one stage per rank), got {schedule!r}")
         dp, pp, tp = (pmesh.size(a) for a in AXES)
@@ -113,20 +150,32 @@ class HybridGPT:
                             f"use pp <= {L} or a deeper model")
         self.pmesh, self.schedule_name, self.builtin = pmesh, schedule, builtin
         self.dp, self.pp, self.tp = dp, pp, tp
+        self.cp = pmesh.size("cp") if "cp" in pmesh.mesh.names else 1
         self.stage = pmesh.local_rank("pp")
         self.bounds = pipeline.balance([1.0] * L, pp)
         self.module = self._build(model)
         self.first, self.last = self.stage == 0, self.stage == pp - 1
-        # the embedding group: the first and the last stage of my (dp, tp) pipeline (all ranks create all)
+        # the embedding group: the first and the last stage of my (dp, cp, tp) pipeline (all ranks create all)
+        mesh = pmesh.mesh
         self.tied_group = None
         if pp > 1:
-            mesh = pmesh.mesh
-            for d in range(dp):
-                for k in range(tp):
-                    ranks = [mesh.rank_of(dp=d, pp=0, tp=k), mesh.rank_of(dp=d, pp=pp - 1, tp=k)]
+            for r in range(mesh.size):
+                c = mesh.coords(r)
+                if c["pp"] == 0:
+                    ranks = [r, mesh.rank_of(**{**c, "pp": pp - 1})]
                     g = dist.new_group(ranks)
                     if pmesh.rank in ranks:
                         self.tied_group = g
+        # the gradients' group: the dp group, or with context parallelism every (dp, cp) rank of my slice
+        self.grad_group = pmesh.group("dp")
+        if self.cp > 1:
+            for r in range(mesh.size):
+                c = mesh.coords(r)
+                if c["dp"] == 0 and c["cp"] == 0:
+                    ranks = [mesh.rank_of(**{**c, "dp": d, "cp": k}) for d in range(dp) for k in range(self.cp)]
+                    g = dist.new_group(ranks)
+                    if pmesh.rank in ranks:
+                        self.grad_group = g
 
     def _build(self, model: nn.Module) -> nn.Sequential:
         """This rank's stage of ``model``, sharded for tensor parallelism (weights copied)."""
@@ -136,9 +185,13 @@ class HybridGPT:
         layers: list[nn.Module] = []
         wte = VocabParallelEmbedding.from_embedding(model.wte, tp_group, builtin=self.builtin)
         if self.stage == 0:
-            layers.append(_Embed(wte, copy.deepcopy(model.wpe)))
+            cp_rank = self.pmesh.local_rank("cp") if self.cp > 1 else 0
+            layers.append(_Embed(wte, copy.deepcopy(model.wpe), self.cp, cp_rank))
         for i in self.bounds[self.stage]:
-            layers.append(self._shard_block(model.blocks[i], tp_group))
+            block = self._shard_block(model.blocks[i], tp_group)
+            if self.cp > 1:
+                block.attn = _RingSelfAttention(block.attn, self.pmesh.group("cp"))
+            layers.append(block)
         if self.stage == self.pp - 1:
             # one stage: the head shares the embedding's Parameter (tied); else a copy, kept in sync
             weight = wte.weight if self.stage == 0 else nn.Parameter(wte.weight.detach().clone())
@@ -151,8 +204,12 @@ class HybridGPT:
         return ParallelBlock.from_block(block, tp_group, builtin=self.builtin)
 
     def comm_groups(self) -> dict:
-        """``{"dp", "pp", "tp", "tied"}`` -> this rank's process groups (for :class:`CommMeter`)."""
-        return {**self.pmesh.groups, "tied": self.tied_group}
+        """``{"dp", "pp", "tp", "tied"}`` (and ``"cp"``, ``"dp_cp"`` with context parallelism) -> this
+        rank's process groups (for :class:`CommMeter`)."""
+        out = {**self.pmesh.groups, "tied": self.tied_group}
+        if self.cp > 1:
+            out["dp_cp"] = self.grad_group
+        return out
 
     def parameters(self) -> list[nn.Parameter]:
         """This rank's parameters (shards and replicated ones), each once."""
@@ -179,10 +236,11 @@ class HybridGPT:
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, n_micro: int, sync_dp: bool = True) -> float | None:
         """Gradients of the mean loss over the global batch ``(x, y)`` (every rank passes all of it):
-        this rank's data-parallel shard is cut into ``n_micro`` micro-batches and pipelined, then the
-        tied embedding and (with ``sync_dp``) the data-parallel replicas are synchronised; pass
-        ``sync_dp=False`` when an optimizer such as ZeRO reduces the gradients itself. Returns this
-        replica's mean loss on last-stage ranks, ``None`` elsewhere. Gradients accumulate: call
+        this rank's data-parallel shard (with ``cp > 1``: its zig-zag share of each of those sequences)
+        is cut into ``n_micro`` micro-batches and pipelined, then the tied embedding and (with
+        ``sync_dp``) the data-parallel replicas are synchronised; pass ``sync_dp=False`` when an
+        optimizer such as ZeRO reduces the gradients itself. Returns this replica's mean loss (over
+        this rank's tokens) on last-stage ranks, ``None`` elsewhere. Gradients accumulate: call
         :meth:`zero_grad`."""
         from course_lib import pipeline
         from course_lib.data_parallel import shard_range
@@ -192,19 +250,23 @@ class HybridGPT:
             raise ValueError(f"the global batch of {n} sequences does not split into dp={self.dp} equal "
                              f"shards; use a multiple of {self.dp}")
         mine = shard_range(n, self.pmesh.local_rank("dp"), self.dp)
-        xs = pipeline.split_microbatches(x[mine], n_micro) if self.first else None
-        ys = pipeline.split_microbatches(y[mine], n_micro) if self.last else None
+        x, y = x[mine], y[mine]
+        if self.cp > 1:                                 # my zig-zag share of every sequence
+            c = self.pmesh.local_rank("cp")
+            x, y = (cpar.shard_sequence(t, self.cp, c, layout="zigzag", dim=1) for t in (x, y))
+        xs = pipeline.split_microbatches(x, n_micro) if self.first else None
+        ys = pipeline.split_microbatches(y, n_micro) if self.last else None
         sched = pipeline.make_schedule(self.schedule_name, self.pp, n_micro)
         out = pipeline.run_schedule(sched, {self.stage: self.module}, xs, ys,
                                     self.loss_fn if self.last else None, self.pmesh.group("pp"))
         for p in self._tied():                          # embedding group: sum the two copies' gradients
             g = getattr(p, "main_grad", None)           # ZeRO(reduce_dtype=...)'s fp32 gradient, if any
             self._all_reduce(p.grad if g is None else g, self.tied_group)
-        if self.dp > 1 and sync_dp:                     # data parallel: one flat bucket, then average
+        if self.dp * self.cp > 1 and sync_dp:          # data (x context) parallel: one flat bucket, then average
             params = [p for p in self.parameters() if p.grad is not None]
             flat = torch.cat([p.grad.reshape(-1) for p in params])
-            self._all_reduce(flat, self.pmesh.group("dp"))
-            flat /= self.dp
+            self._all_reduce(flat, self.grad_group)
+            flat /= self.dp * self.cp
             offset = 0
             for p in params:
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
@@ -216,8 +278,9 @@ class HybridGPT:
 
     def __repr__(self) -> str:
         c = self.pmesh.coords
+        cp = f", cp={c['cp']}/{self.cp}" if self.cp > 1 else ""
         return (f"HybridGPT(rank {self.pmesh.rank}: dp={c['dp']}/{self.dp}, stage {self.stage}/{self.pp} "
-                f"blocks {list(self.bounds[self.stage])}, tp={c['tp']}/{self.tp})")
+                f"blocks {list(self.bounds[self.stage])}{cp}, tp={c['tp']}/{self.tp})")
 
 
 def hybrid_param_count(n_layer: int, hidden: int, vocab: int, block_size: int, tp: int, pp: int) -> dict:
@@ -273,8 +336,10 @@ def train_reference(steps=10, dtype=torch.float64, **cfg) -> list[float]:
 
 
 def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10, *,
-          dtype=torch.float64, schedule: str = "1f1b", **cfg) -> dict:
-    """One rank of a ``dp x pp x tp`` training run of the tiny GPT (AdamW, ``steps`` steps).
+          dtype=torch.float64, schedule: str = "1f1b", cp: int = 1, **cfg) -> dict:
+    """One rank of a ``dp x pp x tp`` training run of the tiny GPT (AdamW, ``steps`` steps); with
+    ``cp > 1`` a ``dp x pp x cp x tp`` run (mesh :data:`course_lib.mesh.CP_AXES`; ring attention over
+    the ``cp`` group, notebook 15).
 
     Returns ``{"coords", "stage", "losses"}`` (the replica's mean loss per step on last-stage ranks,
     else ``None``), ``"seconds"`` per step and ``"n_params"`` (this rank's). To count bytes per axis,
@@ -284,7 +349,7 @@ def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10
 
     c = {**DEFAULTS, **cfg}
     dev = device()
-    pm = init_process_mesh((dp, pp, tp))
+    pm = init_process_mesh((dp, pp, tp)) if cp == 1 else init_process_mesh((dp, pp, cp, tp), CP_AXES)
     model = make_model(c["vocab"], c["block"], c["layers"], c["heads"], c["hidden"], c["seed"], dtype).to(dev)
     h = HybridGPT(model, pm, schedule=schedule)
     opt = torch.optim.AdamW(h.parameters(), lr=c["lr"])
@@ -302,6 +367,7 @@ def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10
 
 def replica_losses(results: list[dict]) -> list[float]:
     """The global loss per step from :func:`train`'s per-rank results: the mean over data-parallel
-    replicas of the last stage's loss (every tp rank of a stage reports the same value)."""
+    replicas (and context-parallel ranks, each the mean over its equal share of the tokens) of the
+    last stage's loss (every tp rank of a stage reports the same value)."""
     last = [r["losses"] for r in results if r["losses"] is not None and r["coords"]["tp"] == 0]
     return [sum(col) / len(col) for col in zip(*last)]

@@ -7,6 +7,9 @@ several CPU devices. Sections:
   exchange per step) inside ``shard_map``, equal to ``jax.lax.psum``.
 * Mixture of experts (notebook 10): the classic MoE-layer exercise (:func:`moe_layer`) and the same layer
   expert-parallel with ``jax.lax.all_to_all`` (:func:`expert_parallel_moe`).
+* Long context (notebook 15): ring attention (:func:`ring_attention`), the K/V blocks passed around
+  the devices with ``jax.lax.ppermute`` while each device merges its partial results with the online
+  softmax; :func:`ring_attention_sharded` runs it on a sequence split over a mesh axis.
 
 Other notebooks add their sections below, each with its own header.
 """
@@ -21,7 +24,7 @@ from course_lib.compat import shard_map
 
 __all__ = ["shard_map", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
            "ring_all_reduce_sharded", "count_hlo_ops", "expert_fn", "moe_layer", "moe_dispatch_masks",
-           "expert_parallel_moe"]
+           "expert_parallel_moe", "ring_attention", "ring_attention_sharded"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -185,3 +188,55 @@ def expert_parallel_moe(x, gate_W, W1, b1, W2, b2, mesh: Mesh, axis: str = "x", 
 
     f = shard_map(local, mesh, in_specs=(P(axis), P(), P(axis), P(axis), P(axis), P(axis)), out_specs=P(axis))
     return f(x, gate_W, W1, b1, W2, b2)
+
+
+# ------------------------------------------------------------------------------------------
+# Long context (notebook 15): ring attention with ppermute
+# ------------------------------------------------------------------------------------------
+def ring_attention(q, k, v, axis_name: str, *, causal: bool = False):
+    """Ring attention inside ``shard_map`` (Liu et al. 2023; ``course_lib.context_parallel``'s
+    :func:`~course_lib.context_parallel.ring_attention` in PyTorch).
+
+    ``q, k, v``: this device's contiguous share of the sequence, ``(b, a, n, d)``: device ``i`` holds
+    positions ``[i n, (i+1) n)`` of ``s = N n``. Step ``t`` (``0 <= t < N``) attends the local queries
+    to the K/V block of device ``(i - t) mod N`` and merges the result into the running
+    ``(out, lse)`` with the online softmax; between steps one ``ppermute`` passes the K/V block to the
+    right neighbour (``N - 1`` collective-permutes, no all-gather). ``causal``: a query sees the keys
+    at positions ``<=`` its own in the full sequence. Returns ``(b, a, n, d)``, this device's rows of
+    attention over the whole sequence. Differentiable: JAX transposes ``ppermute`` into the reverse
+    permutation, so ``jax.grad`` runs the ring backwards.
+    """
+    n_dev = jax.lax.axis_size(axis_name)
+    i = jax.lax.axis_index(axis_name)
+    n, d = q.shape[-2], q.shape[-1]
+    q_pos = i * n + jnp.arange(n)
+    kv = jnp.stack((k, v))
+    out = lse = None
+    for t in range(n_dev):                                   # unrolled at trace time
+        src = (i - t) % n_dev
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, kv[0]) / jnp.sqrt(d).astype(q.dtype)
+        if causal:                                           # finite: a block wholly in the future gets weight 0
+            k_pos = src * n + jnp.arange(n)
+            scores = jnp.where(k_pos[None, :] > q_pos[:, None], -1e30, scores)
+        m = scores.max(-1, keepdims=True)
+        p = jnp.exp(scores - m)
+        l = p.sum(-1, keepdims=True)
+        o, blk = jnp.einsum("bhqk,bhkd->bhqd", p, kv[1]) / l, (m + jnp.log(l))[..., 0]
+        if out is None:                                      # step 0: my own block (every query sees itself)
+            out, lse = o, blk
+        else:                                                # the online-softmax merge
+            new = jnp.logaddexp(lse, blk)
+            out = jnp.exp(lse - new)[..., None] * out + jnp.exp(blk - new)[..., None] * o
+            lse = new
+        if t < n_dev - 1:
+            kv = _shift_right(kv, axis_name, n_dev)          # overlaps with the next step's compute on a GPU
+    return out
+
+
+def ring_attention_sharded(q, k, v, mesh: Mesh, axis_name: str = "i", *, causal: bool = False):
+    """:func:`ring_attention` on full-sequence ``q, k, v`` ``(b, a, s, d)`` whose sequence axis is split
+    over ``mesh``'s axis ``axis_name`` (``N`` must divide ``s``); returns the ``(b, a, s, d)`` output."""
+    spec = P(None, None, axis_name, None)
+    f = shard_map(lambda q, k, v: ring_attention(q, k, v, axis_name, causal=causal), mesh,
+                  in_specs=(spec, spec, spec), out_specs=spec)
+    return jax.jit(f)(q, k, v)

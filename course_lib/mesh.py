@@ -22,6 +22,14 @@ Pieces:
   (:class:`ProcessMesh`); :func:`device_mesh_ranks` builds torch's ``DeviceMesh`` to compare with.
 * :class:`CommMeter`: counts the bytes this rank sends and receives on each axis of a mesh.
 
+A fourth axis, ``cp`` (context parallelism: the sequence split over ranks, notebook 15), goes between
+``pp`` and ``tp``: :data:`CP_AXES` ``("dp", "pp", "cp", "tp")``, the order of Llama 3's
+``[TP, CP, PP, DP]`` groups (innermost first; Dubey et al. 2024, arXiv:2407.21783, §3.3.2): the
+ring's neighbours are ``t`` ranks apart, next to the tensor-parallel group::
+
+    shape (dp=2, pp=1, cp=2, tp=1), 4 ranks      rank = ((d * pp + s) * cp + c) * tp + k
+    cp groups {0,1} {2,3} (K/V blocks, every layer)     dp groups {0,2} {1,3}
+
 What runs on a mesh lives next door (notebook 09): :mod:`course_lib.hybrid_gpt` (the tiny GPT trained
 with data x pipeline x tensor parallelism on a ``(dp, pp, tp)`` mesh) and :mod:`course_lib.planner`
 (which layout to choose for a model on a cluster: memory, traffic and step time of every layout).
@@ -37,11 +45,12 @@ from typing import Sequence
 import torch.distributed as dist
 
 __all__ = [
-    "AXES", "MeshError", "Mesh", "mesh_coords", "axis_groups",
+    "AXES", "CP_AXES", "MeshError", "Mesh", "mesh_coords", "axis_groups",
     "ProcessMesh", "init_process_mesh", "device_mesh_ranks", "CommMeter",
 ]
 
 AXES = ("dp", "pp", "tp")
+CP_AXES = ("dp", "pp", "cp", "tp")   # with context parallelism (notebook 15)
 
 
 class MeshError(ValueError):

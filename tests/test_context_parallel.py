@@ -391,3 +391,37 @@ def test_ring_attention_matches_torchs_context_parallel(cluster):
     for same_layout, errs in cluster.run(_torch_cp_case):
         assert same_layout, "torch's head-tail load balancer is shard_sequence's zig-zag layout"
         assert max(errs.values()) < TOL, errs
+
+
+# --------------------------------------------------------------------------- JAX
+def test_jax_ring_attention_with_ppermute_equals_full_attention():
+    """course_lib.jax_spmd.ring_attention in shard_map on 4 simulated devices: causal output and
+    gradients equal to full attention, and the forward passes K/V with N - 1 = 3 ppermutes, no gather."""
+    import subprocess
+    import sys
+    code = r'''
+from course_lib.launch import jax_cpu_devices
+devs = jax_cpu_devices(4)
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from course_lib import jax_spmd as J
+mesh, spec = Mesh(np.array(devs), ("i",)), P(None, None, "i", None)
+rng = np.random.default_rng(0)
+q, k, v, g = (jnp.asarray(rng.normal(size=(1, 2, 16, 4)), jnp.float32) for _ in range(4))
+def full(q, k, v):
+    s = jnp.where(jnp.tril(jnp.ones((16, 16), bool)), jnp.einsum("bhqd,bhkd->bhqk", q, k) / 2.0, -jnp.inf)
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1), v)
+ring = J.shard_map(lambda q, k, v: J.ring_attention(q, k, v, "i", causal=True), mesh, in_specs=(spec,) * 3, out_specs=spec)
+def both(q, k, v):
+    grads = [jax.grad(lambda *a: (f(*a) * g).sum(), (0, 1, 2))(q, k, v) for f in (ring, full)]
+    return ring(q, k, v), full(q, k, v), grads
+o1, o2, (g1, g2) = jax.jit(both)(q, k, v)
+err = max([float(jnp.abs(o1 - o2).max())] + [float(jnp.abs(a - b).max()) for a, b in zip(g1, g2)])
+text = str(jax.make_jaxpr(ring)(q, k, v))
+print(err, text.count("ppermute"), text.count("all_gather"), text.count("psum"))
+'''
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    err, permutes, gathers, sums = out.stdout.split()
+    assert float(err) < 1e-5
+    assert (int(permutes), int(gathers), int(sums)) == (3, 0, 0)

@@ -137,6 +137,37 @@ def test_planner_bad_input():
         planner.layout_traffic(planner.GPT3_175B, planner.Layout(1, 1, 2, 1, 4), stage=2)
 
 
+def test_planner_learns_context_parallelism_opt_in():
+    """cp is opt-in (default: the same layouts and numbers as before), divides the activations, adds
+    the ring's bytes; at 128k tokens nothing fits Llama 3 405B on 16,384 H100s without it."""
+    from course_lib.context_parallel import ring_attention_bytes
+    from course_lib.estimate import activation_bytes_per_layer
+    gpt3 = planner.GPT3_175B
+    assert ([str(l) for l in planner.enumerate_layouts(gpt3, 64)]
+            == [str(l) for l in planner.enumerate_layouts(gpt3, 64, cp=(1,))])
+    base = planner.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=16)
+    with_cp = planner.Layout(dp=2, tp=8, pp=4, micro_batch=1, m=32, cp=2)
+    a, b = planner.layout_memory(gpt3, base), planner.layout_memory(gpt3, with_cp)
+    act = 96 / 4 * 4 * activation_bytes_per_layer(2048, 1, 12288, 96, tp=8, sequence_parallel=True,
+                                                   recompute="selective")
+    assert b["activations"] == pytest.approx(act / 2) and a["activations"] == pytest.approx(act)
+    assert b["optimizer_states"] == pytest.approx(a["optimizer_states"])       # sharded over dp * cp = 4
+    assert planner.layout_traffic(gpt3, base)["cp"] == 0 and planner.layout_step_time(
+        gpt3, planner.dgx_a100_cluster(16), base)["cp"] == 0
+    ring = ring_attention_bytes(1, 96 // 8, 2048, 128, 2, bytes_per_value=2)
+    assert planner.layout_traffic(gpt3, with_cp)["cp"] == pytest.approx(32 * 24 * (ring["forward"] + ring["backward"]))
+    t = planner.layout_step_time(gpt3, planner.dgx_a100_cluster(16), with_cp)
+    assert t["cp"] > 0 and t["step"] == pytest.approx(sum(v for k, v in t.items() if k != "step"))
+    with pytest.raises(ValueError, match="kv_heads must be 0"):
+        planner.ModelSpec("x", 2, 64, 4, 16, 64, 8, kv_heads=3)
+    with pytest.raises(ValueError, match="cp is a list of context-parallel degrees"):
+        planner.enumerate_layouts(gpt3, 64, cp=(0,))
+    llama, h100 = planner.LLAMA3_405B_128K, planner.h100_cluster(2048)
+    assert not any(l.fits for l in planner.plan_layouts(llama, h100, micro_batches=(1,)))
+    best = planner.plan_layouts(llama, h100, micro_batches=(1,), cp=(1, 2, 4, 8, 16, 32, 64))[0]
+    assert best.fits and best.cp > 1 and best.tp == 8 and best.axis_links["cp"] == "network"
+
+
 # --------------------------------------------------------------------------- real processes
 def _groups_vs_device_mesh(rank, world_size, shape):
     pm = M.init_process_mesh(shape)
@@ -223,11 +254,54 @@ def test_builtin_collectives_give_the_same_gradients(cluster4):
     assert max(r["err"] for r in res) < 1e-12
 
 
+def _hybrid_cp_case(rank, world_size, shape, steps):
+    """dp x pp x cp x tp: gradient shards vs one process, bytes per axis, the loss curve."""
+    import copy
+    import torch.nn.functional as F
+    from course_lib.hybrid_gpt import make_batches, make_model, train
+
+    pm = M.init_process_mesh(shape, M.CP_AXES)
+    model = make_model()
+    h = hybrid_gpt.HybridGPT(model, pm)
+    (x, y), = make_batches(1)
+    with M.CommMeter(h.comm_groups()) as meter:
+        h.forward_backward(x, y, 2)
+    full = copy.deepcopy(model)
+    F.cross_entropy(full(x).flatten(0, 1), y.flatten()).backward()
+    grads = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(grads.parameters(), full.parameters()):
+            p.copy_(q.grad)
+    err = max(float((p.grad - t).abs().max()) for p, t in zip(h.parameters(), h.local_tensors(grads)))
+    dp, pp, cp, tp = shape
+    return {"err": err, "bytes": meter.totals(), "train": train(rank, world_size, dp, pp, tp, steps, cp=cp)}
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 2, 1), (1, 1, 2, 2)], ids=["dp2xcp2", "cp2xtp2"])
+def test_context_parallel_training_equals_one_process(cluster4, shape):
+    """Ring attention over the cp axis: gradients and the loss curve equal one process's, and the cp
+    group carries exactly the planner's (context_parallel's) ring bytes."""
+    from course_lib.hybrid_gpt import DEFAULTS, make_model, replica_losses, train_reference
+    res = cluster4.run(_hybrid_cp_case, shape, 3)
+    assert max(r["err"] for r in res) < 1e-12
+    assert replica_losses([r["train"] for r in res]) == pytest.approx(train_reference(3), abs=1e-12)
+    dp, pp, cp, tp = shape
+    n = sum(p.numel() for p in make_model().parameters())
+    spec = planner.ModelSpec("tiny", DEFAULTS["layers"], DEFAULTS["hidden"], DEFAULTS["heads"], DEFAULTS["block"],
+                             DEFAULTS["vocab"], DEFAULTS["batch"], n_params=n)
+    lay = planner.Layout(dp, tp, pp, DEFAULTS["batch"] // dp // 2, 2, cp=cp)
+    assert sum(r["bytes"]["cp"] for r in res) == planner.total_traffic(spec, lay, bytes_per_value=8)["cp"] > 0
+    assert all(r["bytes"]["dp_cp"] > 0 for r in res)
+
+
 def _bad_hybrid(rank, world_size, what):
     from course_lib.hybrid_gpt import make_batches, make_model
-    pm = M.init_process_mesh((1, 4, 1) if what == "stages" else (2, 1, 2))
+    if what == "cp":                   # a 6-token sequence does not cut into the 2 cp = 4 zig-zag chunks
+        pm = M.init_process_mesh((2, 1, 2, 1), M.CP_AXES)
+    else:
+        pm = M.init_process_mesh((1, 4, 1) if what == "stages" else (2, 1, 2))
     h = hybrid_gpt.HybridGPT(make_model(), pm)
-    (x, y), = make_batches(1, batch=15 if what == "batch" else 16)
+    (x, y), = make_batches(1, batch=15 if what == "batch" else 16, block=6 if what == "cp" else 16)
     h.forward_backward(x, y, 3 if what == "micro" else 2)
 
 
@@ -235,6 +309,7 @@ def _bad_hybrid(rank, world_size, what):
     ("stages", "pp=4 stages but the model has 2 blocks"),
     ("batch", "does not split into dp=2 equal shards"),
     ("micro", "3 micro-batches do not divide the batch of 8"),
+    ("cp", "the sequence length s=6 does not split over N=2 ranks: the zig-zag layout cuts it into 2N = 4"),
 ])
 def test_bad_hybrid_input_says_what_to_change(cluster4, what, words):
     with pytest.raises(RankError) as e:
