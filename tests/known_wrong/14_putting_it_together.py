@@ -74,7 +74,7 @@ def choose_layout(model, cluster):
 '''
 MEASURE_HEAD = '''tiny = planner.ModelSpec("tiny GPT, 4 heads", n_layer=2, hidden=32, heads=4, seq=16, vocab=64, global_batch=16,
                          n_params=sum(p.numel() for p in hybrid_gpt.make_model(heads=4).parameters()))
-virtual = planner.ClusterSpec("virtual cluster: 2 x 4 processes", nodes=2, gpus_per_node=4, memory=1e9,
+virtual = planner.ClusterSpec("virtual cluster: 2 x 2 processes", nodes=2, gpus_per_node=2, memory=1e9,
                               peak_flops=3e9, efficiency=1.0, intra_bw=2e9, inter_bw=0.5e9,
                               intra_latency=5e-4, inter_latency=1e-3)
 
@@ -225,20 +225,20 @@ CASES = [
             "    stage = mesh_stage = (rank // tp) % pp\n"
             "    pred = traffic_per_gpu(tiny, planner.Layout(dp, tp, pp, 16 // dp // m, m), stage, bytes_per_value=8)\n"
             "    return {'stage': stage, **{a: int(round(pred[a])) for a in ('tp', 'pp', 'dp')}}"))
-            + "\nsmall, z_small, r_small = choose_layout(tiny, virtual)\nmeasured = cluster8.run(metered_step, small.dp, small.pp, small.tp, small.m)\n"},
+            + "\nsmall, z_small, r_small = choose_layout(tiny, virtual)\nmeasured = cluster4.run(metered_step, small.dp, small.pp, small.tp, small.m)\n"},
         "zero": ["metered_step"],
     },
     {
         "name": "counts the bytes received as well as sent",
         "cells": {"ex-measure": MEASURE_HEAD.format(body=METER.format(n_micro="m", count="meter.sent[a] + meter.recv[a]"))
-                  + "\nsmall, z_small, r_small = choose_layout(tiny, virtual)\nmeasured = cluster8.run(metered_step, small.dp, small.pp, small.tp, small.m)\n"},
+                  + "\nsmall, z_small, r_small = choose_layout(tiny, virtual)\nmeasured = cluster4.run(metered_step, small.dp, small.pp, small.tp, small.m)\n"},
         "zero": ["metered_step"],
     },
     {
         "name": "counts the tied embedding's bytes as data-parallel traffic",
         "cells": {"ex-measure": MEASURE_HEAD.format(body=METER.format(
             n_micro="m", count="meter.sent[a] + (meter.sent['tied'] if a == 'dp' else 0)"))
-                  + "\nsmall, z_small, r_small = choose_layout(tiny, virtual)\nmeasured = cluster8.run(metered_step, small.dp, small.pp, small.tp, small.m)\n"},
+                  + "\nsmall, z_small, r_small = choose_layout(tiny, virtual)\nmeasured = cluster4.run(metered_step, small.dp, small.pp, small.tp, small.m)\n"},
         "zero": ["metered_step"],
     },
     # ---- exercise 6: the bill
