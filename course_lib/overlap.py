@@ -385,7 +385,7 @@ def gpu_overlap_slowdown(n: int = 8192, copy_bytes: int = 1 << 30, group=None, r
     b = torch.randn(n, n, device=device, dtype=dtype)
     src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    host = torch.empty(copy_bytes, dtype=torch.uint8, pin_memory=True)
+    host = src.cpu().pin_memory()                     # page-locked host memory: the copy engines' source
     side = torch.cuda.Stream(device)
     main = torch.cuda.current_stream(device)
 
