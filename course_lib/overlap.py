@@ -16,7 +16,7 @@ step that runs them at once costs ``max(compute, comm)`` plus whatever cannot ov
   all-to-alls are in flight while another micro-batch computes (DualPipe's idea, DeepSeek-V3,
   arXiv:2412.19437, §3.2.1).
 * :func:`overlap_stats`: compute, communication, hidden and exposed time of a rank's
-  :mod:`course_lib.trace` events.
+  :mod:`course_lib.trace` events; :func:`split_comm` cuts its communication into the two, to draw.
 * :func:`overlapped_step_time`: notebook 09's planner breakdown with overlap: step = the max of the
   parts that overlap + the exposed rest.
 * :func:`gpu_overlap_slowdown`: on a CUDA GPU, how much slower a matmul runs while a copy or an
@@ -41,6 +41,7 @@ from course_lib._checks import _pos_int
 
 __all__ = ["all_gather_matmul", "all_gather_then_matmul", "matmul_reduce_scatter",
            "matmul_then_reduce_scatter", "expert_parallel_microbatches", "PacedMatmul", "overlap_stats",
+           "split_comm",
            "overlapped_step_time", "gpu_overlap_slowdown"]
 
 
@@ -321,6 +322,27 @@ def overlap_stats(events: Sequence[dict]) -> dict:
     return {"compute": _length(comp), "comm": c, "hidden": hidden, "exposed": c - hidden,
             "span": max(b for _, b in both) - min(a for a, _ in both),
             "hidden_fraction": hidden / c if c else 0.0}
+
+
+def split_comm(events: Sequence[dict]) -> list[dict]:
+    """One rank's communication as pieces to draw: the union of its ``comm`` events cut into
+    ``kind="hidden comm"`` (while a ``compute`` event runs) and ``kind="exposed comm"`` (while none does).
+    Returns new event dicts (``rank``, ``kind``, ``name``, ``start``, ``end``), in time order."""
+    comp = _union((e["start"], e["end"]) for e in events if e["kind"] == "compute")
+    rank = next((e.get("rank", 0) for e in events), 0)
+    out = []
+    for a, b in _union((e["start"], e["end"]) for e in events if e["kind"] == "comm"):
+        t = a
+        for c, d in comp:
+            if d <= t or c >= b:
+                continue
+            if c > t:
+                out.append(dict(rank=rank, kind="exposed comm", name="exposed", start=t, end=c))
+            out.append(dict(rank=rank, kind="hidden comm", name="hidden", start=max(t, c), end=min(b, d)))
+            t = min(b, d)
+        if t < b:
+            out.append(dict(rank=rank, kind="exposed comm", name="exposed", start=t, end=b))
+    return out
 
 
 # --------------------------------------------------------------------------- the planner with overlap
