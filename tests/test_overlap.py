@@ -109,6 +109,8 @@ def test_overlap_stats_counts_hidden_and_exposed_time():
     assert s["compute"] == pytest.approx(3.0) and s["comm"] == pytest.approx(2.5)
     assert s["hidden"] == pytest.approx(0.5) and s["exposed"] == pytest.approx(2.0)
     assert s["span"] == pytest.approx(6.0) and s["hidden_fraction"] == pytest.approx(0.2)
+    pieces = [(e["kind"], e["start"], e["end"]) for e in O.split_comm(ev)]
+    assert pieces == [("hidden comm", 2.5, 3.0), ("exposed comm", 3.0, 4.0), ("exposed comm", 5.0, 6.0)]
     with pytest.raises(ValueError, match="no compute or comm"):
         O.overlap_stats([])
 
