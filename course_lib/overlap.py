@@ -31,6 +31,7 @@ through :class:`course_lib.collectives`' one posting place, paired as NCCL needs
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -390,9 +391,10 @@ def gpu_overlap_slowdown(n: int = 8192, copy_bytes: int = 1 << 30, group=None, r
     device-to-device copy of ``copy_bytes``: memory bandwidth), ``with_h2d_copy`` (pinned host to device:
     the copy engines, little SM work) and, when ``group`` is an NCCL group of several ranks (every rank
     calls this together), ``with_all_reduce`` (an all-reduce of ``copy_bytes``: NCCL's kernels take SMs
-    and bandwidth). The side work is queued repeatedly so it lasts as long as the matmuls; CUDA events
-    time the matmuls on their own stream. DeepSeek-V3 (arXiv:2412.19437, §3.2.1) gives 20 of an H800's
-    132 SMs to communication for this reason."""
+    and bandwidth). The side work is queued repeatedly so that it outlasts the matmuls (1.5 times their
+    time alone); CUDA events time the matmuls on their own stream. DeepSeek-V3 (arXiv:2412.19437, §3.2.2
+    and §3.5.1) gives 20 of an H800's 132 SMs to communication for this reason. Written for a GPU and
+    never run on one by the course's tests (they check only its refusal on a machine without CUDA)."""
     import torch.distributed as dist
 
     n, repeats = _pos_int("n", n), _pos_int("repeats", repeats)
@@ -420,7 +422,17 @@ def gpu_overlap_slowdown(n: int = 8192, copy_bytes: int = 1 << 30, group=None, r
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / repeats
 
-    def beside(work, times: int) -> float:
+    def once(work) -> float:                         # seconds one piece of side work takes alone
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        with torch.cuda.stream(side):
+            work()
+        torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    def beside(work) -> float:
+        # queue enough side work to outlast the matmuls (1.5 times their time alone), then time them
+        times = max(1, math.ceil(1.5 * repeats * alone / max(once(work), 1e-6)))
         torch.cuda.synchronize(device)
         with torch.cuda.stream(side):
             for _ in range(times):
@@ -431,15 +443,20 @@ def gpu_overlap_slowdown(n: int = 8192, copy_bytes: int = 1 << 30, group=None, r
 
     matmuls()                                          # warm-up: cuBLAS heuristics, clocks
     alone = min(matmuls() for _ in range(3))
-    times = max(1, repeats * 2)                        # the side work must outlast the matmuls
     out = {"alone": alone,
-           "with_d2d_copy": beside(lambda: dst.copy_(src, non_blocking=True), times) / alone,
-           "with_h2d_copy": beside(lambda: dst.copy_(host, non_blocking=True), times) / alone}
+           "with_d2d_copy": beside(lambda: dst.copy_(src, non_blocking=True)) / alone,
+           "with_h2d_copy": beside(lambda: dst.copy_(host, non_blocking=True)) / alone}
     if group is not None and dist.get_backend(group) == "nccl" and dist.get_world_size(group) > 1:
         buf = torch.ones(copy_bytes // 2, dtype=torch.bfloat16, device=device)
-        works = []
-        out["with_all_reduce"] = beside(lambda: works.append(dist.all_reduce(buf, group=group, async_op=True)),
-                                        times) / alone
+        # every rank queues the same number of all-reduces: agree on it (the largest any rank wants)
+        one = once(lambda: dist.all_reduce(buf, group=group))
+        count = torch.tensor([math.ceil(1.5 * repeats * alone / max(one, 1e-6))], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+        torch.cuda.synchronize(device)
+        with torch.cuda.stream(side):
+            works = [dist.all_reduce(buf, group=group, async_op=True) for _ in range(int(count.item()))]
+        out["with_all_reduce"] = matmuls() / alone
         for w in works:
             w.wait()
+        torch.cuda.synchronize(device)
     return out
