@@ -246,10 +246,10 @@ def _title(nb: dict) -> str:
 
 
 WORDS_PER_MINUTE = 200  # the prose column of the path: reading speed for technical prose, roughly
-# the order to take the lectures in: each of 01-09 uses the ones before it, 10-13 and 15 need 00-09 and not
-# each other, 14 uses everything
+# the order to take the lectures in: each of 01-09 uses the ones before it, 10-13, 15 and 16 need 00-09 and
+# not each other, 14 uses everything
 _WHEN = {"00": "first", **{f"{n:02d}": "in order" for n in range(1, 10)},
-         **{f"{n:02d}": "any order after 09" for n in (10, 11, 12, 13, 15)}, "14": "last"}
+         **{f"{n:02d}": "any order after 09" for n in (10, 11, 12, 13, 15, 16)}, "14": "last"}
 
 
 # an optional deep dive, folded in <details>; the answers of a lecture's self-check are folded too
@@ -314,7 +314,7 @@ def index_notebook(repo: Path) -> dict:
         "2 CPU cores) and read it as it runs. Then open its exercise: write your code where it says",
         "`# YOUR CODE HERE` and run the check cell below it.",
         "",
-        "Take 00 to 09 in order: each uses the ones before it. 10 to 13 and 15 need 00-09 but not each other;",
+        "Take 00 to 09 in order: each uses the ones before it. 10 to 13, 15 and 16 need 00-09 but not each other;",
         f"14 uses everything. The prose column is the notebook's text at {WORDS_PER_MINUTE} words a minute; the code,",
         "the figures and the exercises take longer.",
         "",

@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["Link", "PacedTransport", "NamespaceNetwork", "namespaces_unavailable_reason"]
+__all__ = ["Link", "PacedTransport", "AsyncPacedTransport", "NamespaceNetwork", "namespaces_unavailable_reason"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,74 @@ class PacedTransport:
 
     def __repr__(self) -> str:
         return f"PacedTransport({self.link})"
+
+
+class _AsyncPacedSend:
+    """The work handle of an asynchronous paced send: ``wait()`` returns when the uplink is done."""
+
+    def __init__(self, work, done: float) -> None:
+        self._work, self._done = work, done
+
+    def wait(self, timeout=None):
+        ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+        PacedTransport._sleep_until(self._done)
+        return ok
+
+
+class _AsyncPacedRecv(_PacedRecv):
+    """A paced receive whose message left the sender at once (:class:`AsyncPacedTransport`)."""
+
+    def wait(self, timeout=None):
+        # When did the message leave the sender? gloo cannot say (its works report completion only once
+        # waited for). If it was already here, the wait returns at once, and we take it to have left
+        # when we posted the receive (the ranks of a ring or an all-to-all post together); if the wait
+        # holds, the sender posted late, and the link starts when it returns.
+        before = time.perf_counter()
+        ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+        after = time.perf_counter()
+        start = self._posted if after - before < self._LATE else after
+        self._t._sleep_until(self._t._downlink(self._nbytes, start) + self._t.link.latency)
+        return ok
+
+    _LATE = 2e-3  # seconds a wait may take on loopback for a message that was already sent
+
+
+class AsyncPacedTransport(PacedTransport):
+    """:class:`PacedTransport` whose ``isend`` returns at once, as a GPU's does.
+
+    On a GPU, a send is a kernel (NCCL) or a copy engine's job: the host thread posts it and goes on
+    computing while the bytes move. :class:`PacedTransport` instead holds the caller for the message's
+    link time (a CPU thread that sends), so nothing can overlap it. Here a send is posted to
+    ``torch.distributed`` at once and only its handle's ``wait()`` holds until this rank's uplink would
+    have finished (``link.time(bytes)`` after the previous message, one message at a time); a receive's
+    ``wait()`` holds until the downlink would have delivered it. So computation between posting and
+    waiting hides the link time, which is what overlap means. Same model and state as
+    :class:`PacedTransport` (picklable, per process); everything is posted from the caller's thread.
+    """
+
+    def isend(self, tensor, dst: int, group=None, tag: int = 0):
+        """Like ``torch.distributed.isend``, returning at once; ``wait()`` holds until the uplink is done."""
+        import torch.distributed as dist
+
+        self._state()
+        nbytes = tensor.numel() * tensor.element_size()
+        with self._lock:
+            start = max(self._uplink_free, time.perf_counter())
+            self._uplink_free = start + self.link.time(nbytes)
+            done = self._uplink_free
+        return _AsyncPacedSend(dist.isend(tensor, dst, group=group, tag=tag), done)
+
+    def irecv(self, tensor, src: int, group=None, tag: int = 0):
+        """Like ``torch.distributed.irecv``; ``wait()`` also holds until the downlink delivered it."""
+        import torch.distributed as dist
+
+        self._state()
+        posted = time.perf_counter()
+        work = dist.irecv(tensor, src, group=group, tag=tag)
+        return _AsyncPacedRecv(self, work, tensor.numel() * tensor.element_size(), posted)
+
+    def __repr__(self) -> str:
+        return f"AsyncPacedTransport({self.link})"
 
 
 # ------------------------------------------------------------------------------------------

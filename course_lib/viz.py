@@ -72,7 +72,7 @@ def _new_ax(ax, figsize):
 
 def plot_timeline(events_per_rank: Sequence[Sequence[dict]], ax=None,
                   title: str = "Per-rank timeline (compute vs communication)",
-                  label_events: bool = False, min_label_frac: float = 0.06):
+                  label_events: bool = False, min_label_frac: float = 0.06, colors: dict | None = None):
     """Draw one horizontal row per rank with a bar per event, coloured by ``kind``.
 
     Args:
@@ -83,6 +83,8 @@ def plot_timeline(events_per_rank: Sequence[Sequence[dict]], ax=None,
         title: the plot title.
         label_events: write each event's name inside its bar when the bar is wide enough
             (wider than ``min_label_frac`` of the time axis).
+        colors: ``{kind: colour}`` for kinds outside :data:`KIND_COLORS` (or to override them), so two
+            panels colour a kind alike whichever kind each meets first.
 
     Returns:
         The Axes. The x axis is milliseconds since the earliest start over all ranks; row r is
@@ -100,7 +102,7 @@ def plot_timeline(events_per_rank: Sequence[Sequence[dict]], ax=None,
     t_end = max(e["end"] for e in all_events)
     span_ms = max((t_end - t0) * 1e3, 1e-9)
 
-    colors = dict(KIND_COLORS)
+    colors = dict(KIND_COLORS, **(colors or {}))
     extra = 0
     for e in all_events:  # any other kind gets the next colour no kind has, in order of appearance
         if e["kind"] not in colors:
