@@ -99,7 +99,7 @@ def test_demo_under_torchrun_with_check(tmp_path):
 
 
 def test_toolbox_table_numbers_come_from_the_cited_notebooks():
-    """Notebook 14's toolbox table quotes what notebooks 02-13 measured: every number in its "saves" and
+    """Notebook 14's toolbox table quotes what notebooks 02-16 measured: every number in its "saves" and
     "costs" columns must stand in the committed notebook its last column cites (digits compared without
     thousands separators), so a re-run notebook or an edited table cannot drift apart silently."""
     import json
@@ -115,14 +115,18 @@ def test_toolbox_table_numbers_come_from_the_cited_notebooks():
     number = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")
     plain = lambda s: re.sub(r"(?<=\d),(?=\d{3})", "", s)  # noqa: E731  1,572,864 -> 1572864
     problems = []
+    seen = set()
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         cited = re.match(r"(\d\d_[a-z_]+)", cells[-1])
         if cited is None:
             problems.append(f"{cells[0]!r} cites no notebook")
             continue
+        seen.add(cited.group(1)[:2])
         source = plain((repo / "notebooks" / f"{cited.group(1)}.ipynb").read_text())
         missing = sorted({n for n in number.findall(" ".join(cells[1:-1])) if plain(n) not in source})
         if missing:
             problems.append(f"{cells[0]!r}: {missing} not in {cited.group(1)}")
+    lectures = {f"{n:02d}" for n in range(2, 17)} - {"14"}   # 14 is the notebook holding the table
+    assert not lectures - seen, f"the toolbox cites no row of notebooks {sorted(lectures - seen)}"
     assert not problems, "\n".join(problems)
