@@ -132,23 +132,30 @@ class PacedTransport:
         """Like ``torch.distributed.isend``; first waits ``link.time(bytes)`` on this rank's uplink."""
         import torch.distributed as dist
 
+        done = self._uplink(tensor)
+        self._sleep_until(done)
+        return dist.isend(tensor, dst, group=group, tag=tag)
+
+    def _uplink(self, tensor) -> float:
+        """Book ``tensor``'s bytes on this rank's uplink (after what is queued there); when they are out."""
         self._state()
         nbytes = tensor.numel() * tensor.element_size()
         with self._lock:
             start = max(self._uplink_free, time.perf_counter())
             self._uplink_free = start + self.link.time(nbytes)
-            done = self._uplink_free
-        self._sleep_until(done)
-        return dist.isend(tensor, dst, group=group, tag=tag)
+            return self._uplink_free
 
-    def irecv(self, tensor, src: int, group=None, tag: int = 0):
-        """Like ``torch.distributed.irecv``; its ``wait()`` also waits for this rank's downlink."""
+    def _irecv(self, tensor, src: int, group, tag: int, handle):
         import torch.distributed as dist
 
         self._state()
         posted = time.perf_counter()
         work = dist.irecv(tensor, src, group=group, tag=tag)
-        return _PacedRecv(self, work, tensor.numel() * tensor.element_size(), posted)
+        return handle(self, work, tensor.numel() * tensor.element_size(), posted)
+
+    def irecv(self, tensor, src: int, group=None, tag: int = 0):
+        """Like ``torch.distributed.irecv``; its ``wait()`` also waits for this rank's downlink."""
+        return self._irecv(tensor, src, group, tag, _PacedRecv)
 
     def __repr__(self) -> str:
         return f"PacedTransport({self.link})"
@@ -201,22 +208,12 @@ class AsyncPacedTransport(PacedTransport):
         """Like ``torch.distributed.isend``, returning at once; ``wait()`` holds until the uplink is done."""
         import torch.distributed as dist
 
-        self._state()
-        nbytes = tensor.numel() * tensor.element_size()
-        with self._lock:
-            start = max(self._uplink_free, time.perf_counter())
-            self._uplink_free = start + self.link.time(nbytes)
-            done = self._uplink_free
+        done = self._uplink(tensor)
         return _AsyncPacedSend(dist.isend(tensor, dst, group=group, tag=tag), done)
 
     def irecv(self, tensor, src: int, group=None, tag: int = 0):
         """Like ``torch.distributed.irecv``; ``wait()`` also holds until the downlink delivered it."""
-        import torch.distributed as dist
-
-        self._state()
-        posted = time.perf_counter()
-        work = dist.irecv(tensor, src, group=group, tag=tag)
-        return _AsyncPacedRecv(self, work, tensor.numel() * tensor.element_size(), posted)
+        return self._irecv(tensor, src, group, tag, _AsyncPacedRecv)
 
     def __repr__(self) -> str:
         return f"AsyncPacedTransport({self.link})"
