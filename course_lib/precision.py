@@ -632,6 +632,16 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8
 
 
 
+def _last_dim_groups(x: torch.Tensor, size: int, name: str, what: str, fix: str) -> torch.Tensor:
+    """``x`` in float32 with its last dimension cut into groups of ``size``: ``(..., n / size, size)``."""
+    if not torch.is_floating_point(x) or x.dim() < 1:
+        raise TypeError(f"{name} must be a floating-point tensor with at least one dimension, got {x.dtype}")
+    n = x.shape[-1]
+    if n % size:
+        raise ValueError(f"{what}={size} does not divide the last dimension ({n}); {fix}")
+    return x.float().reshape(*x.shape[:-1], n // size, size)
+
+
 def _check_positive_int(v, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -738,14 +748,8 @@ def quantize_mx(x: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn,
     :func:`dequantize_mx` inverts it.
     """
     _check_fp8(fmt)
-    _check_positive_int(block, "block")
-    if not torch.is_floating_point(x) or x.dim() < 1:
-        raise TypeError(f"x must be a floating-point tensor with at least one dimension, got {x.dtype}")
-    n = x.shape[-1]
-    if n % block:
-        raise ValueError(f"block={block} does not divide the last dimension ({n}); pad it to a "
-                         f"multiple of {block}")
-    g = x.float().reshape(*x.shape[:-1], n // block, block)             # (..., blocks, block)
+    g = _last_dim_groups(x, _check_positive_int(block, "block"), "x", "block",
+                         f"pad it to a multiple of {block}")               # (..., blocks, block)
     amax = g.abs().amax(dim=-1)
     if not torch.isfinite(amax).all():
         raise ValueError("x holds inf or NaN; MX scaling needs finite values")
@@ -839,15 +843,8 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor,
     follow the weights' local range more closely, so the error drops, at
     :func:`int4_bits_per_weight` cost.
     """
-    if not torch.is_floating_point(w) or w.dim() < 1:
-        raise TypeError(f"w must be a floating-point tensor with at least one dimension, got {w.dtype}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    n = w.shape[-1]
-    if n % group_size:
-        raise ValueError(f"group_size={group_size} does not divide the last dimension ({n}); "
-                         f"choose a divisor of {n}")
-    g = w.float().reshape(*w.shape[:-1], n // group_size, group_size)   # (..., groups, group_size)
+    g = _last_dim_groups(w, _check_positive_int(group_size, "group_size"), "w", "group_size",
+                         f"choose a divisor of {w.shape[-1] if w.dim() else 0}")  # (..., groups, size)
     amax = g.abs().amax(dim=-1)                                          # (..., groups)
     scales = torch.where(amax > 0, amax / 7, torch.ones_like(amax))
     codes = torch.round(g / scales.unsqueeze(-1)).clamp(-8, 7).to(torch.int8)

@@ -177,18 +177,19 @@ def _groups_vs_device_mesh(rank, world_size, shape):
     return ours, ours_pg, M.device_mesh_ranks(shape)
 
 
-def _hybrid_case(rank, world_size, shape, steps, builtin=False):
-    """Gradient shards after one step vs the single-process gradient; the loss curve; bytes per axis."""
+def _hybrid_case(rank, world_size, shape, steps, builtin=False, names=M.AXES):
+    """Gradient shards after one step vs the single-process gradient; the loss curve; bytes per axis.
+    ``names=M.CP_AXES``: a (dp, pp, cp, tp) shape."""
     import copy
     import torch.nn.functional as F
     from course_lib.hybrid_gpt import make_batches, make_model, train
 
-    pm = M.init_process_mesh(shape)
+    pm = M.init_process_mesh(shape, names)
     model = make_model()
     h = hybrid_gpt.HybridGPT(model, pm, builtin=builtin)
     (x, y), = make_batches(1)
     with M.CommMeter(h.comm_groups()) as meter:
-        h.forward_backward(x, y, 4 if shape[0] < 8 else 2)
+        h.forward_backward(x, y, 4 if shape[0] < 8 and names == M.AXES else 2)
     full = copy.deepcopy(model)
     F.cross_entropy(full(x).flatten(0, 1), y.flatten()).backward()
     grads = copy.deepcopy(model)
@@ -196,7 +197,11 @@ def _hybrid_case(rank, world_size, shape, steps, builtin=False):
         for p, q in zip(grads.parameters(), full.parameters()):
             p.copy_(q.grad)
     err = max(float((p.grad - t).abs().max()) for p, t in zip(h.parameters(), h.local_tensors(grads)))
-    out = train(rank, world_size, *shape, steps)
+    if names == M.CP_AXES:
+        dp, pp, cp, tp = shape
+        out = train(rank, world_size, dp, pp, tp, steps, cp=cp)
+    else:
+        out = train(rank, world_size, *shape, steps)
     return {"err": err, "bytes": meter.totals(), "train": out}
 
 
@@ -254,35 +259,12 @@ def test_builtin_collectives_give_the_same_gradients(cluster4):
     assert max(r["err"] for r in res) < 1e-12
 
 
-def _hybrid_cp_case(rank, world_size, shape, steps):
-    """dp x pp x cp x tp: gradient shards vs one process, bytes per axis, the loss curve."""
-    import copy
-    import torch.nn.functional as F
-    from course_lib.hybrid_gpt import make_batches, make_model, train
-
-    pm = M.init_process_mesh(shape, M.CP_AXES)
-    model = make_model()
-    h = hybrid_gpt.HybridGPT(model, pm)
-    (x, y), = make_batches(1)
-    with M.CommMeter(h.comm_groups()) as meter:
-        h.forward_backward(x, y, 2)
-    full = copy.deepcopy(model)
-    F.cross_entropy(full(x).flatten(0, 1), y.flatten()).backward()
-    grads = copy.deepcopy(model)
-    with torch.no_grad():
-        for p, q in zip(grads.parameters(), full.parameters()):
-            p.copy_(q.grad)
-    err = max(float((p.grad - t).abs().max()) for p, t in zip(h.parameters(), h.local_tensors(grads)))
-    dp, pp, cp, tp = shape
-    return {"err": err, "bytes": meter.totals(), "train": train(rank, world_size, dp, pp, tp, steps, cp=cp)}
-
-
 @pytest.mark.parametrize("shape", [(2, 1, 2, 1), (1, 1, 2, 2)], ids=["dp2xcp2", "cp2xtp2"])
 def test_context_parallel_training_equals_one_process(cluster4, shape):
     """Ring attention over the cp axis: gradients and the loss curve equal one process's, and the cp
     group carries exactly the planner's (context_parallel's) ring bytes."""
     from course_lib.hybrid_gpt import DEFAULTS, make_model, replica_losses, train_reference
-    res = cluster4.run(_hybrid_cp_case, shape, 3)
+    res = cluster4.run(_hybrid_case, shape, 3, names=M.CP_AXES)
     assert max(r["err"] for r in res) < 1e-12
     assert replica_losses([r["train"] for r in res]) == pytest.approx(train_reference(3), abs=1e-12)
     dp, pp, cp, tp = shape
