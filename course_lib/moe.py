@@ -43,7 +43,7 @@ __all__ = [
     "expert_capacity", "dispatch_positions",
     "Expert", "MoELayer", "ExpertParallelMoE", "MoEBlock", "moe_gpt", "all_to_all_bytes",
     "mixtral_parameters", "MIXTRAL_8X7B", "update_expert_bias", "grouped_linear", "grouped_mm_available",
-    "DroplessMoE", "dropless_bytes", "deepseek_parameters", "DEEPSEEK_V3",
+    "DroplessMoE", "dropless_bytes", "node_dispatch_rows", "deepseek_parameters", "DEEPSEEK_V3",
 ]
 
 
@@ -704,6 +704,29 @@ def dropless_bytes(sent_rows: list[int], rank: int, d_model: int, bytes_per_valu
     for every other rank (``sent_rows``, ``last["sent_rows"]``) times ``d_model`` values. The counts'
     all-to-all adds ``(n - 1) E / n`` integers."""
     return sum(c for j, c in enumerate(sent_rows) if j != rank) * d_model * bytes_per_value
+
+
+def node_dispatch_rows(experts: torch.Tensor, experts_per_rank: int, ranks_per_node: int, rank: int,
+                       world_size: int) -> list[int]:
+    """Rows ``rank`` sends to each rank in the first, inter-node hop of DeepSeek-V3's dispatch (arXiv
+    2412.19437, §3.2.2): each token goes **once** to every other node that holds one of its experts, to
+    that node's rank with the same local index (over InfiniBand), which forwards it to the node's other
+    ranks (over NVLink, not counted here). ``experts`` ``(T, k)``: the routing's choices; ranks
+    ``[m R, (m+1) R)`` form node ``m`` (``R = ranks_per_node``) and expert ``e`` lives on rank
+    ``e // experts_per_rank``. With node-limited routing (:func:`route`'s ``max_nodes = M``) no token
+    crosses to more than ``M`` nodes (``M - 1`` others when its own node is among them)."""
+    R = _pos_int("ranks_per_node", ranks_per_node)
+    if world_size % R:
+        raise ValueError(f"world_size={world_size} ranks do not form nodes of {R}; choose ranks_per_node dividing it")
+    n_nodes, (my_node, local) = world_size // R, divmod(rank, R)
+    node = experts // (experts_per_rank * R)                                 # (T, k) node of each choice
+    hit = torch.zeros(experts.shape[0], n_nodes, dtype=torch.bool, device=experts.device)
+    hit.scatter_(1, node, True)                                              # (T, nodes): does t go there
+    rows = [0] * world_size
+    for m in range(n_nodes):
+        if m != my_node:
+            rows[m * R + local] = int(hit[:, m].sum())
+    return rows
 
 
 # --------------------------------------------------------------------------- in a GPT

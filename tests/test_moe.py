@@ -382,6 +382,12 @@ def test_node_limited_routing_keeps_each_token_on_at_most_m_nodes():
         assert set(nodes[t].tolist()) <= set(best[t].tolist())
     with pytest.raises(ValueError, match="max_nodes"):
         X.route(x, w, 6, n_nodes=4, max_nodes=1)
+    # the inter-node hop sends each token once per other node it uses: at most M - 1 or M of them
+    for lim, most in ((limited, 2), (free, 3)):
+        rows = X.node_dispatch_rows(lim.experts, 2, 2, 0, 8)                   # 8 ranks = 4 nodes of 2
+        assert rows[0] == rows[1] == 0 and sum(rows[1::2]) == 0                 # only local index 0, other nodes
+        assert sum(rows) == sum(len({n for n in set(r) if n != 0}) for r in (lim.experts // 4).tolist())
+        assert max(len({n for n in set(r) if n != 0}) for r in (lim.experts // 4).tolist()) <= most
 
 
 def test_grouped_linear_equals_a_loop_forward_and_backward():
