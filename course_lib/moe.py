@@ -22,7 +22,14 @@ al. 2022), :func:`expert_capacity` and :func:`dispatch_positions` (first come, f
 choices of all tokens before the second ones), :class:`MoELayer` (one process) and
 :class:`ExpertParallelMoE` (experts split across the ranks of a group, tokens exchanged with two
 all-to-alls each way), :class:`MoEBlock` / :func:`moe_gpt` (the tiny GPT with MoE FFNs), and
-:func:`mixtral_parameters` (total vs active parameters from a published configuration)."""
+:func:`mixtral_parameters` (total vs active parameters from a published configuration).
+
+As 2025's frontier models train MoE: :func:`route`'s ``bias`` and :func:`update_expert_bias`
+(DeepSeek-V3's auxiliary-loss-free balancing), its ``n_nodes`` / ``max_nodes`` (node-limited routing) and
+:func:`node_dispatch_rows` (the once-per-node dispatch's inter-node rows), :class:`DroplessMoE` (MegaBlocks:
+no capacity, uneven all-to-all splits, the experts as one grouped matmul, :func:`grouped_linear`),
+``MoELayer(n_shared=...)`` (DeepSeekMoE's shared experts) and :func:`deepseek_parameters`
+(DeepSeek-V3's 671 B / 37 B)."""
 
 from __future__ import annotations
 

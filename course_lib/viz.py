@@ -1,6 +1,6 @@
 """Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`), the layouts of
 sharded states (:func:`plot_zero_layout`, :func:`plot_zero_stages`, :func:`plot_tp_split`) and the tiles of
-ring attention (:func:`plot_ring_tiles`), drawn from the descriptions the library's own objects return, so a
+ring attention (:func:`plot_ring_tiles`), who sends what to whom in an all-to-all (:func:`plot_all_to_all`), drawn from the descriptions the library's own objects return, so a
 drawing cannot disagree with the code, and others, and
 :func:`show`, which prints the source of the library code a notebook discusses.
 

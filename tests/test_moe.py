@@ -416,6 +416,7 @@ def _dropless_case(rank, world_size, n, builtin, dtype):
         return None
     torch.manual_seed(0)
     full = X.MoELayer(8, 16, 8, 3).to(dtype)
+    full.expert_bias.copy_(torch.randn(8) * 0.2)                              # a balancing bias, copied to the ranks
     T = [5, 9, 2, 7][:n]                                                       # uneven tokens per rank
     xs = [torch.randn(t, 8, dtype=dtype) * 2 for t in T]
     dys = [torch.randn(t, 8, dtype=dtype) for t in T]
