@@ -268,6 +268,19 @@ def dispatch_positions(experts: torch.Tensor, n_experts: int, capacity: int) -> 
     return pos.view(k, T).t().contiguous()
 
 
+class _FP32Bias:
+    """Keeps a layer's ``expert_bias`` in fp32 (or fp64) through ``.to(bfloat16)`` / ``.half()``: its
+    updates are ``rate = 0.001`` steps, below bf16's resolution at the size the bias reaches (its ulp is
+    ``2**-7`` at 1.0), so in bf16 they would round away. Device moves still apply."""
+
+    def _apply(self, fn, recurse=True):
+        before = self.expert_bias
+        out = super()._apply(fn, recurse)
+        if self.expert_bias.dtype in (torch.bfloat16, torch.float16):
+            self.expert_bias = before.to(device=self.expert_bias.device, dtype=torch.float32)
+        return out
+
+
 # --------------------------------------------------------------------------- experts and the layer
 class Expert(nn.Module):
     """A two-layer FFN ``fc2(act(fc1(x)))``: the tiny GPT's MLP (GELU, ``d_ff = 4 h``) or notebook 10's
@@ -284,7 +297,7 @@ class Expert(nn.Module):
         return self.fc2(F.gelu(h) if self.activation == "gelu" else F.relu(h))
 
 
-class MoELayer(nn.Module):
+class MoELayer(_FP32Bias, nn.Module):
     """A mixture-of-experts FFN on one process: ``(..., h) -> (..., h)``.
 
     Args:
@@ -399,7 +412,7 @@ def all_to_all_bytes(world_size: int, experts_per_rank: int, capacity: int, d_mo
     return (world_size - 1) * experts_per_rank * capacity * d_model * bytes_per_value
 
 
-class ExpertParallelMoE(nn.Module):
+class ExpertParallelMoE(_FP32Bias, nn.Module):
     """An MoE layer with its ``E`` experts split across the ``n`` ranks of ``group`` (``E / n`` each).
 
     Every rank routes its own tokens (the router is replicated; data parallelism over tokens), packs

@@ -358,6 +358,7 @@ def test_bias_update_moves_by_the_sign_of_the_imbalance_and_balances_a_skewed_ro
             X.update_expert_bias(bias, counts, rate)
     late = {rate: sum(b[-20:]) / 20 for rate, b in busiest.items()}          # even: 2 * 256 / 8 = 64
     assert late[0.0] > 100 and late[0.003] < 0.85 * late[0.0], late
+    assert X.MoELayer(16, 16, 8, 2).to(torch.bfloat16).expert_bias.dtype == torch.float32   # small steps survive
     layer = X.MoELayer(16, 16, 8, 2)                                          # the layer's own bias and update
     layer(x)
     counts = layer.last["counts"].float()
