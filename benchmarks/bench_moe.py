@@ -6,7 +6,10 @@ capacity factor 1.25, so the buffers are the size a real run uses) forward + bac
 of width ``k * 4h`` run locally on the same tokens (the same matmul FLOPs per token, no routing and no
 communication): the ratio is what routing, dispatch and the two all-to-alls each way cost. Then the
 all-to-all alone, the course's pairwise exchange against gloo's ``all_to_all_single`` on the same
-buffer. Timed in interleaved rounds; the slowest rank counts. Printed, never asserted.
+buffer. Then the dropless layer (``DroplessMoE``: uneven all-to-all splits, the experts as one grouped
+matmul where this torch has one) against the fixed-capacity layer, time and bytes sent, and the grouped
+matmul against a loop of per-expert matmuls on the same rows (one process). Timed in interleaved rounds;
+the slowest rank counts. Printed, never asserted.
 
     python benchmarks/bench_moe.py [--world-size 4] [--hidden 128] [--tokens 512] [--experts 8] [--top-k 2]
 """
@@ -29,6 +32,8 @@ def bench(rank, world_size, hidden, tokens, experts, top_k, steps, rounds):
     full = X.MoELayer(hidden, 4 * hidden, experts, top_k, capacity_factor=1.25)
     runners = {"ours (course all-to-all)": X.ExpertParallelMoE.from_moe(full),
                "ours (dist.all_to_all_single)": X.ExpertParallelMoE.from_moe(full, builtin=True),
+               "dropless (dist.all_to_all_single)": X.DroplessMoE.from_moe(full, builtin=True),
+               "dropless, loop of matmuls": X.DroplessMoE.from_moe(full, builtin=True, use_grouped_mm=False),
                "dense FFN, same active FLOPs": X.Expert(hidden, top_k * 4 * hidden)}
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(rank))
     ep = runners["ours (course all-to-all)"]
@@ -61,6 +66,13 @@ def bench(rank, world_size, hidden, tokens, experts, top_k, steps, rounds):
             times[k].append((time.perf_counter() - t0) / steps)
     res = {k: statistics.median(v) for k, v in times.items()}
     res["capacity"] = C
+    from course_lib.mesh import CommMeter
+    for k in ("ours (course all-to-all)", "dropless (dist.all_to_all_single)"):
+        m = runners[k]
+        m.builtin = False                       # the course's pairwise exchange: the bytes on the wire
+        with CommMeter({}) as meter:
+            step(m)
+        res["bytes " + k] = meter.sent["world"]
     return res
 
 
@@ -79,7 +91,7 @@ def main() -> None:
 
     out = run(bench, args.world_size, args.hidden, args.tokens, args.experts, args.top_k, args.steps,
               args.rounds, timeout=600)
-    t = {k: max(o[k] for o in out) for k in out[0] if k != "capacity"}
+    t = {k: max(o[k] for o in out) for k in out[0] if k != "capacity" and not k.startswith("bytes")}
     C = out[0]["capacity"]
     print(f"MoE h={args.hidden}, {args.experts} experts top-{args.top_k}, capacity factor 1.25 ({C} slots per expert), "
           f"{args.tokens} tokens per rank, {args.world_size} ranks (gloo), forward + backward")
@@ -89,6 +101,13 @@ def main() -> None:
     a, b = t["course all_to_all"], t["dist.all_to_all_single"]
     print(f"  all-to-all of {args.experts * C} x {args.hidden} floats per rank: course / dist.all_to_all_single = "
           f"{a / b:.2f}  ({a * 1e3:.2f} ms vs {b * 1e3:.2f} ms)")
+    fixed, dl, loop = t["ours (dist.all_to_all_single)"], t["dropless (dist.all_to_all_single)"], t["dropless, loop of matmuls"]
+    bf = sum(o["bytes ours (course all-to-all)"] for o in out) / len(out)
+    bd = sum(o["bytes dropless (dist.all_to_all_single)"] for o in out) / len(out)
+    print(f"  dropless / fixed capacity (both dist.all_to_all_single): time {dl / fixed:5.2f}  ({dl * 1e3:.2f} ms vs "
+          f"{fixed * 1e3:.2f} ms); bytes sent per rank and step {bd / bf:.2f}  ({bd:,.0f} vs {bf:,.0f})")
+    print(f"  dropless, grouped matmul / loop of matmuls: {dl / loop:5.2f}  (grouped matmul used: "
+          f"{__import__('course_lib.moe', fromlist=['x']).grouped_mm_available()})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Plots used across the notebooks: per-rank timelines (from :mod:`course_lib.trace`), the layouts of
 sharded states (:func:`plot_zero_layout`, :func:`plot_zero_stages`, :func:`plot_tp_split`) and the tiles of
-ring attention (:func:`plot_ring_tiles`), drawn from the descriptions the library's own objects return, so a
+ring attention (:func:`plot_ring_tiles`), who sends what to whom in an all-to-all (:func:`plot_all_to_all`), drawn from the descriptions the library's own objects return, so a
 drawing cannot disagree with the code, and others, and
 :func:`show`, which prints the source of the library code a notebook discusses.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["show", "plot_timeline", "plot_pipeline", "plot_mesh", "plot_rank_tensors", "plot_ring_steps",
-           "plot_zero_layout", "plot_zero_stages", "plot_tp_split", "plot_ring_tiles", "KIND_COLORS",
-           "RANK_COLORS"]
+           "plot_zero_layout", "plot_zero_stages", "plot_tp_split", "plot_ring_tiles", "plot_all_to_all",
+           "KIND_COLORS", "RANK_COLORS"]
 
 # Fixed colours for the kinds of course_lib.trace's vocabulary, so that compute, communication and a
 # pipeline's forwards and backwards look the same in every notebook whichever kind comes first.
@@ -808,3 +808,76 @@ def plot_ring_tiles(steps_per_rank, s: int, axes=None, causal: bool = True, row_
         fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 7), fontsize=8,
                    frameon=False)
     return fig
+
+
+def plot_all_to_all(rows, ax=None, title: str | None = None, block: int | None = None,
+                    unit: str = "token choices", min_label: int = 1):
+    """Who sends how many rows to whom in one all-to-all: ``rows[i][j]`` rows go from rank ``i`` (left
+    column) to rank ``j`` (right column), one band per pair, coloured by the sender; a rank's block to
+    itself stays on the rank but is drawn too. ``rows`` is what the layers report (each rank's
+    ``DroplessMoE.last["sent_rows"]``, in rank order), so the drawing is the exchange that ran.
+
+    ``block``: a fixed-size exchange (``ExpertParallelMoE``: ``E/n * C`` slots per pair): each band is
+    ``block`` rows tall whatever was sent, its empty slots hatched (padding, sent all the same) and rows
+    beyond it marked as dropped. Returns the ``Axes``."""
+    from matplotlib.patches import Patch, Polygon
+
+    n = len(rows)
+    if n == 0 or any(len(r) != n for r in rows):
+        raise ValueError(f"rows must be a square list (rows[i][j]: rows from rank i to rank j); got {rows!r:.80}")
+    ax = _new_ax(ax, (6, 4.5))
+    size = [[block if block is not None else rows[i][j] for j in range(n)] for i in range(n)]
+    gap = 0.08 * max(1, max(sum(r) for r in size))
+    left, right, x0, x1 = [], [], 0.12, 0.88
+    y = 0.0
+    for i in range(n):                       # left: sender i's blocks for 0..n-1, top to bottom
+        left.append([]); top = y
+        for j in range(n):
+            left[i].append((y, y + size[i][j])); y += size[i][j]
+        ax.add_patch(Polygon([(0, top), (x0, top), (x0, y), (0, y)], closed=True, facecolor=_rank_color(i),
+                             edgecolor="black"))
+        real_i = sum(min(rows[i][j], size[i][j]) for j in range(n))
+        pad_i = sum(size[i]) - real_i
+        ax.text(-0.02, (top + y) / 2, f"rank {i}\nsends {real_i}" + (f"\n+ {pad_i} padding" if pad_i else ""),
+                ha="right", va="center", fontsize=8)
+        y += gap
+    y_end = y
+    y = 0.0
+    for j in range(n):                       # right: receiver j's blocks from 0..n-1
+        right.append([]); top = y
+        for i in range(n):
+            right[j].append((y, y + size[i][j])); y += size[i][j]
+        ax.add_patch(Polygon([(x1, top), (1, top), (1, y), (x1, y)], closed=True, facecolor="0.92",
+                             edgecolor="black"))
+        ax.text(1.02, (top + y) / 2, f"rank {j}\nreceives {sum(min(rows[i][j], size[i][j]) for i in range(n))}", ha="left",
+                va="center", fontsize=8)
+        y += gap
+    dropped = 0
+    for i in range(n):
+        for j in range(n):
+            (a0, a1), (b0, b1) = left[i][j], right[j][i]
+            real = min(rows[i][j], size[i][j])
+            dropped += rows[i][j] - real
+            band = lambda u, v, **kw: ax.add_patch(Polygon(
+                [(x0, a0 + u), (x1, b0 + u), (x1, b0 + v), (x0, a0 + v)], closed=True, **kw))
+            if real:
+                band(0, real, facecolor=_rank_color(i), alpha=0.55 if i != j else 0.25, edgecolor="none")
+            if size[i][j] > real:
+                band(real, size[i][j], facecolor="white", hatch="////", edgecolor="0.5", linewidth=0.3)
+            if rows[i][j] >= min_label and (a1 - a0) > 0.03 * y_end:
+                ax.text(x0 + 0.06, (a0 + a1) / 2, f"{rows[i][j]}" + (" (stays)" if i == j else ""),
+                        ha="left", va="center", fontsize=7)
+    ax.set_xlim(-0.32, 1.32); ax.set_ylim(y_end, -gap / 2)
+    ax.set_xticks([x0 / 2, (1 + x1) / 2], ["sender", "receiver"])
+    ax.set_ylabel(f"{unit} (rows of h values)")
+    handles = [Patch(facecolor=_rank_color(i), alpha=0.55, label=f"from rank {i}") for i in range(n)]
+    if block is not None:
+        handles.append(Patch(facecolor="white", hatch="////", edgecolor="0.5", label="padding (sent too)"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, -0.02), frameon=False)
+    total = sum(sum(r) for r in size) - sum(size[i][i] for i in range(n))
+    ax.set_title(title or (f"all-to-all: {total} rows cross between ranks"
+                           + (f", {dropped} dropped" if dropped else "")), fontsize=10)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    return ax
+

@@ -317,3 +317,165 @@ def test_dispatch_never_exceeds_capacity_and_drops_nothing_when_there_is_room(se
         assert sorted(pos[kept & (experts == e)].tolist()) == list(range(int(load[e])))
     roomy = X.dispatch_positions(experts, E, T)
     assert bool((roomy >= 0).all())
+
+
+# --------------------------------------------------------------------------- 2025's MoE: bias balancing, dropless, shared experts
+def test_the_balancing_bias_changes_the_choice_but_not_the_weights_or_their_gradient():
+    torch.manual_seed(2)
+    x, w = torch.randn(40, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    bias = torch.tensor([0.3, -0.2, 0.0, 0.5, -0.4, 0.1], dtype=torch.float64, requires_grad=True)
+    g1 = w.clone().requires_grad_(True)
+    r = X.route(x, g1, 2, bias=bias)
+    probs = (x @ w.t()).softmax(-1)
+    assert torch.equal(r.experts, (probs + bias.detach()).topk(2, dim=-1).indices)
+    assert not torch.equal(r.experts, probs.topk(2, dim=-1).indices)          # the bias did change choices
+    chosen = probs.gather(1, r.experts)
+    assert torch.allclose(r.weights, chosen / chosen.sum(-1, keepdim=True), atol=1e-12)   # unbiased weights
+    R = torch.randn(40, 2, dtype=torch.float64)
+    (r.weights * R).sum().backward()
+    assert bias.grad is None                                                  # the bias gets no gradient
+    g2 = w.clone().requires_grad_(True)                                       # same choice, no bias in sight
+    p2 = (x @ g2.t()).softmax(-1).gather(1, r.experts)
+    ((p2 / p2.sum(-1, keepdim=True)) * R).sum().backward()
+    assert torch.allclose(g1.grad, g2.grad, atol=1e-12)
+
+
+def test_bias_update_moves_by_the_sign_of_the_imbalance_and_balances_a_skewed_router():
+    bias = torch.zeros(4)
+    X.update_expert_bias(bias, torch.tensor([10, 2, 4, 0]), 0.1)              # mean 4
+    assert torch.allclose(bias, torch.tensor([-0.1, 0.1, 0.0, 0.1]))
+    torch.manual_seed(0)
+    w = torch.randn(8, 16)
+    w[:, 0] += torch.linspace(0, 3.0, 8)                                      # skewed: the last experts win
+    busiest = {}
+    for rate in (0.0, 0.003):
+        g, bias, busiest[rate] = torch.Generator().manual_seed(1), torch.zeros(8), []
+        for _ in range(60):                                                   # fresh tokens every step
+            x = torch.randn(256, 16, generator=g)
+            x[:, 0] = 1.0
+            counts = X.tokens_per_expert(X.route(x, w, 2, bias=bias).experts, 8)
+            busiest[rate].append(int(counts.max()))
+            X.update_expert_bias(bias, counts, rate)
+    late = {rate: sum(b[-20:]) / 20 for rate, b in busiest.items()}          # even: 2 * 256 / 8 = 64
+    assert late[0.0] > 100 and late[0.003] < 0.85 * late[0.0], late
+    assert X.MoELayer(16, 16, 8, 2).to(torch.bfloat16).expert_bias.dtype == torch.float32   # small steps survive
+    layer = X.MoELayer(16, 16, 8, 2)                                          # the layer's own bias and update
+    layer(x)
+    counts = layer.last["counts"].float()
+    assert torch.equal(layer.update_bias(0.5), 0.5 * torch.sign(counts.mean() - counts))
+    with pytest.raises(ValueError, match=r"shape \(8,\)"):
+        X.update_expert_bias(torch.zeros(8), torch.zeros(4), 0.1)
+
+
+def test_node_limited_routing_keeps_each_token_on_at_most_m_nodes():
+    torch.manual_seed(3)
+    x, w = torch.randn(200, 8), torch.randn(16, 8)
+    free = X.route(x, w, 4)
+    limited = X.route(x, w, 4, n_nodes=4, max_nodes=2)
+    nodes = limited.experts // 4                                              # 4 experts per node
+    assert max(len(set(row)) for row in nodes.tolist()) <= 2
+    assert max(len(set(row)) for row in (free.experts // 4).tolist()) > 2    # unlimited does use more
+    assert torch.equal(X.route(x, w, 4, n_nodes=4, max_nodes=4).experts, free.experts)
+    # the nodes are those with the largest sum of their k / M = 2 best scores
+    node_score = free.probs.view(200, 4, 4).topk(2, dim=-1).values.sum(-1)
+    best = node_score.topk(2, dim=-1).indices.sort(-1).values
+    for t in range(200):
+        assert set(nodes[t].tolist()) <= set(best[t].tolist())
+    with pytest.raises(ValueError, match="max_nodes"):
+        X.route(x, w, 6, n_nodes=4, max_nodes=1)
+    # the inter-node hop sends each token once per other node it uses: at most M - 1 or M of them
+    for lim, most in ((limited, 2), (free, 3)):
+        rows = X.node_dispatch_rows(lim.experts, 2, 2, 0, 8)                   # 8 ranks = 4 nodes of 2
+        assert rows[0] == rows[1] == 0 and sum(rows[1::2]) == 0                 # only local index 0, other nodes
+        assert sum(rows) == sum(len({n for n in set(r) if n != 0}) for r in (lim.experts // 4).tolist())
+        assert max(len({n for n in set(r) if n != 0}) for r in (lim.experts // 4).tolist()) <= most
+
+
+def test_grouped_linear_equals_a_loop_forward_and_backward():
+    torch.manual_seed(4)
+    counts = torch.tensor([3, 0, 5, 4])
+    x = torch.randn(12, 8, requires_grad=True)
+    wt, b = torch.randn(4, 16, 8, requires_grad=True), torch.randn(4, 16, requires_grad=True)
+    R = torch.randn(12, 16)
+    got = {}
+    for grouped in ([False, True] if X.grouped_mm_available() else [False]):
+        for t in (x, wt, b):
+            t.grad = None
+        (X.grouped_linear(x, wt, b, counts, use_grouped_mm=grouped) * R).sum().backward()
+        got[grouped] = [t.grad.clone() for t in (x, wt, b)]
+    want = torch.cat([x[s:e] @ wt[g].t() + b[g] for g, (s, e) in enumerate([(0, 3), (3, 3), (3, 8), (8, 12)])])
+    assert torch.allclose(X.grouped_linear(x, wt, b, counts), want, atol=1e-5)
+    for grads in got.values():
+        assert all(torch.allclose(a, c, atol=1e-4) for a, c in zip(grads, got[False]))
+
+
+def _dropless_case(rank, world_size, n, builtin, dtype):
+    import torch.distributed as dist
+    from course_lib.mesh import CommMeter
+    group = dist.new_group(list(range(n)))
+    if rank >= n:
+        return None
+    torch.manual_seed(0)
+    full = X.MoELayer(8, 16, 8, 3).to(dtype)
+    full.expert_bias.copy_(torch.randn(8) * 0.2)                              # a balancing bias, copied to the ranks
+    T = [5, 9, 2, 7][:n]                                                       # uneven tokens per rank
+    xs = [torch.randn(t, 8, dtype=dtype) * 2 for t in T]
+    dys = [torch.randn(t, 8, dtype=dtype) for t in T]
+    ep = X.DroplessMoE.from_moe(full, group, builtin=builtin)
+    x = xs[rank].clone().requires_grad_(True)
+    with CommMeter({"ep": group}) as meter:
+        y = ep(x)
+    (y * dys[rank]).sum().backward()
+    ep.sync_grads()
+    xa = torch.cat(xs).requires_grad_(True)
+    ya = full(xa)
+    (ya * torch.cat(dys)).sum().backward()
+    lo = sum(T[:rank])
+    mine = [full.experts[ep.first + i] for i in range(ep.local)]
+    tol = lambda a, b: float((a - b).abs().max())
+    return dict(out=tol(y, ya[lo:lo + T[rank]]), dx=tol(x.grad, xa.grad[lo:lo + T[rank]]),
+                w=max(tol(p.grad * n, q.grad) for a, b in zip(ep.experts, mine)
+                      for p, q in zip(a.parameters(), b.parameters())),
+                gate=tol(ep.gate.weight.grad * n, full.gate.weight.grad), sent=meter.sent["ep"],
+                want_sent=(X.dropless_bytes(ep.last["sent_rows"], rank, 8, x.element_size())      # dispatch
+                           + X.dropless_bytes(ep.last["recv_rows"], rank, 8, x.element_size())    # combine
+                           + 8 * (n - 1) * ep.local),                                             # counts
+
+                rows=sum(ep.last["sent_rows"]), k_T=3 * T[rank])
+
+
+@pytest.mark.parametrize("n, builtin, dtype", [(2, False, torch.float64), (4, False, torch.float32),
+                                               (4, True, torch.float32)])
+def test_dropless_expert_parallel_equals_the_capacity_free_layer(cluster, n, builtin, dtype):
+    res = [r for r in cluster.run(_dropless_case, n, builtin, dtype) if r is not None]
+    assert len(res) == n
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for r in res:
+        assert r["out"] < tol and r["dx"] < tol and r["w"] < tol and r["gate"] < tol, r
+        assert r["rows"] == r["k_T"]                                           # every choice sent, no padding
+        if not builtin:                                                        # pairwise: bytes on the wire
+            assert r["sent"] == r["want_sent"]
+
+
+def test_shared_experts_and_fine_grained_experts_at_the_same_active_flops():
+    from course_lib import estimate as E
+    torch.manual_seed(5)
+    layer = X.MoELayer(8, 16, 4, 2, n_shared=1).double()
+    x = torch.randn(10, 8, dtype=torch.float64)
+    routed_only = X.MoELayer(8, 16, 4, 2).double()
+    routed_only.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("shared")})
+    assert torch.allclose(layer(x), routed_only(x) + layer.shared[0](x), atol=1e-12)
+    h, T = 8, 8
+    tokens = torch.randn(T, h)
+    coarse = X.MoELayer(h, 4 * h, 8, 2)                    # 8 experts of 4h, top-2
+    fine = X.MoELayer(h, h, 32, 7, n_shared=1)              # 32 of h, top-7, + 1 shared of h: 8 h active
+    fl = [E.count_flops(m, tokens)[1] / T for m in (coarse, fine)]
+    router = [2 * h * 8, 2 * h * 32]
+    assert fl[0] - router[0] == fl[1] - router[1]           # the experts' FLOPs per token are equal
+
+
+def test_deepseek_v3_counts():
+    c = X.deepseek_parameters(**X.DEEPSEEK_V3)
+    assert round(c["total"] / 1e9) == 671                   # the report: 671 B total
+    assert 37.0 < c["active"] / 1e9 < 38.0                  # and 37 B activated per token
+    assert c["moe_layers"] == 58

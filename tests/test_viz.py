@@ -336,3 +336,19 @@ def test_plot_ring_tiles_bad_input():
         viz.plot_ring_tiles(steps, 8)
     with pytest.raises(ValueError, match="one Axes per rank"):
         viz.plot_ring_tiles(ring_steps(), 8, axes=plt.subplots(1, 3)[1])
+
+
+def test_plot_all_to_all_draws_one_band_per_pair_and_the_padding():
+    from matplotlib.patches import Polygon
+
+    rows = [[3, 5], [0, 7]]                                  # rank 1 sends nothing to rank 0
+    fig, (a, b) = plt.subplots(1, 2)
+    viz.plot_all_to_all(rows, ax=a)
+    bands = [p for p in a.patches if isinstance(p, Polygon) and p.get_hatch() is None]
+    assert len(bands) == 2 + 2 + 3                           # 2 senders, 2 receivers, 3 non-empty pairs
+    assert "5 rows cross" in a.get_title()                  # 5 + 0 between ranks; 3 and 7 stay
+    viz.plot_all_to_all(rows, ax=b, block=6)                 # fixed blocks of 6: padding hatched, 1 dropped
+    assert sum(p.get_hatch() is not None for p in b.patches) == 3   # 3 pairs have fewer than 6 rows
+    assert "1 dropped" in b.get_title()
+    with pytest.raises(ValueError, match="square"):
+        viz.plot_all_to_all([[1, 2]])

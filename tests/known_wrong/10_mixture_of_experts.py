@@ -142,3 +142,85 @@ CASES += [
         "zero": ["load_balancing"],
     },
 ]
+
+# Exercise 4: auxiliary-loss-free balancing (DeepSeek-V3). Each case replaces the whole ex4-code cell.
+EX4 = '''import torch
+import torch.distributed as dist
+
+
+def biased_top_k(probs, bias, top_k):
+{choose}
+
+
+def update_bias(bias, counts, gamma, group=None):
+{update}
+'''
+CHOOSE = ("    experts = (probs + bias.detach()).topk(top_k, dim=-1).indices\n"
+          "    chosen = probs.gather(1, experts)\n"
+          "    return experts, chosen / chosen.sum(dim=-1, keepdim=True)")
+UPDATE = ("    load = counts.detach().to(bias.dtype).clone()\n"
+          "    if group is not None:\n"
+          "        dist.all_reduce(load, group=group)\n"
+          "    with torch.no_grad():\n"
+          "        bias.add_(gamma * torch.sign({diff}))\n"
+          "    return bias")
+GOOD_UPDATE = UPDATE.format(diff="load.mean() - load")
+CASES += [
+    {
+        "name": "puts the bias into the gate weights too (weights from probs + bias, renormalised)",
+        "cells": {"ex4-code": EX4.format(choose=(
+            "    scores = probs + bias\n"
+            "    top = scores.topk(top_k, dim=-1)\n"
+            "    return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)"), update=GOOD_UPDATE)},
+        "zero": ["bias_routing"],
+    },
+    {
+        "name": "weighs with the biased scores but blocks the bias's gradient (detach): right gradient path, wrong weights",
+        "cells": {"ex4-code": EX4.format(choose=(
+            "    scores = probs + bias.detach()\n"
+            "    top = scores.topk(top_k, dim=-1)\n"
+            "    return top.indices, top.values / top.values.sum(dim=-1, keepdim=True)"), update=GOOD_UPDATE)},
+        "zero": ["bias_routing"],
+    },
+    {
+        "name": "flips the sign: raises the bias of the overloaded experts",
+        "cells": {"ex4-code": EX4.format(choose=CHOOSE, update=UPDATE.format(diff="load - load.mean()"))},
+        "zero": ["bias_update"],
+    },
+    {
+        "name": "balances each rank's own micro-batch when the global batch is asked (ignores group)",
+        "cells": {"ex4-code": EX4.format(choose=CHOOSE, update=(
+            "    load = counts.detach().to(bias.dtype)\n"
+            "    with torch.no_grad():\n"
+            "        bias.add_(gamma * torch.sign(load.mean() - load))\n"
+            "    return bias"))},
+        "zero": ["bias_update"],
+    },
+    {
+        "name": "sums the load over the whole world instead of the group",
+        "cells": {"ex4-code": EX4.format(choose=CHOOSE, update=UPDATE.format(diff="load.mean() - load").replace(
+            "dist.all_reduce(load, group=group)", "dist.all_reduce(load)"))},
+        "zero": ["bias_update"],
+    },
+    {
+        "name": "updates the bias by gradient descent on the squared imbalance (a step in proportion to it, not its sign)",
+        "cells": {"ex4-code": EX4.format(choose=CHOOSE, update=(
+            "    load = counts.detach().to(bias.dtype).clone()\n"
+            "    if group is not None:\n"
+            "        dist.all_reduce(load, group=group)\n"
+            "    with torch.no_grad():\n"
+            "        bias.sub_(gamma * (load - load.mean()))   # the gradient of 0.5 |load - mean|^2 through load ~ -bias\n"
+            "    return bias"))},
+        "zero": ["bias_update"],
+    },
+    {
+        "name": "calls course_lib.moe.route and update_expert_bias (switched off during the checks)",
+        "cells": {"ex4-code": EX4.format(
+            choose=("    from course_lib import moe\n"
+                    "    r = moe.route(torch.log(probs), torch.eye(probs.shape[1], dtype=probs.dtype), top_k, bias=bias)\n"
+                    "    return r.experts, r.weights"),
+            update=("    from course_lib import moe\n"
+                    "    return moe.update_expert_bias(bias, counts, gamma, group)"))},
+        "zero": ["bias_routing", "bias_update"],
+    },
+]
