@@ -13,6 +13,7 @@ TEST_VENV ?= build/venv-test
 TBIN       = $(abspath $(TEST_VENV))/bin
 TEST_STAMP = $(TEST_VENV)/.deps-installed
 WHEEL_DIR  = build/wheel
+# Two workers, a whole file each at a time; tests/conftest.py hands the files out longest first.
 JOBS ?= 2
 PYTEST_FLAGS ?= -q -n $(JOBS) --dist loadfile --durations=15
 NBVAL_FLAGS   = --nbval-lax --nbval-current-env --nbval-cell-timeout=600

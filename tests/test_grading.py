@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -92,8 +94,8 @@ def course(tmp_path_factory):
     return root, ex
 
 
-def cli(*args, cwd=None):
-    return subprocess.run([PY, "-m", "course_lib.grading", *map(str, args)], cwd=cwd,
+def cli(*args, cwd=None, env=None):
+    return subprocess.run([PY, "-m", "course_lib.grading", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 
@@ -281,7 +283,9 @@ def test_bad_input_gives_one_line_error(course, kind, words):
 
 # ----------------------------------------------------------------------------- grading runs
 
-TIMEOUT = 15  # seconds per cell in the synthetic runs: far above what their cells need, even on a busy machine
+# Seconds per cell in the synthetic runs: far above what their cells need (pure Python, under 0.1 s each,
+# even on a busy machine; the kernel's start is not counted), and what each endless loop below burns.
+TIMEOUT = 5
 
 
 @pytest.fixture(scope="module")
@@ -310,10 +314,34 @@ def graded(course):
     (subs / "h_notes.ipynb").write_text("not a notebook at all")
     snapshot = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in subs.iterdir()}
     out_json, out_csv = root / "grades.json", root / "grades.csv"
+    tag = uuid.uuid4().hex  # in the environment of every process of the run, to find any left behind
     r = cli("grade", subs, "--solutions", root / "solutions", "--timeout", TIMEOUT,
-            "--json", out_json, "--csv", out_csv, "--jobs", 2)
+            "--json", out_json, "--csv", out_csv, "--jobs", 2, env={**os.environ, "COURSE_GRADING_TAG": tag})
     reports = {Path(s["submission"]).stem: s for s in json.loads(out_json.read_text())["submissions"]}
-    return {"run": r, "reports": reports, "csv": out_csv.read_text(), "snapshot": snapshot, "dir": subs}
+    return {"run": r, "reports": reports, "csv": out_csv.read_text(), "snapshot": snapshot, "dir": subs,
+            "leftover": processes_tagged(tag)}
+
+
+def processes_tagged(tag: str, within: float = 10.0) -> list[int]:
+    """Pids whose environment carries ``COURSE_GRADING_TAG=tag``, after up to ``within`` seconds for
+    killed kernels to be reaped."""
+    needle = f"COURSE_GRADING_TAG={tag}".encode()
+
+    def scan():
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if needle in (d / "environ").read_bytes().split(b"\0"):
+                        out.append(int(d.name))
+                except OSError:
+                    pass
+        return out
+
+    end = time.monotonic() + within
+    while (left := scan()) and time.monotonic() < end:
+        time.sleep(0.2)
+    return left
 
 
 def ex_of(report, gid):
@@ -323,6 +351,12 @@ def ex_of(report, gid):
 def test_grading_never_writes_to_submissions(graded):
     now = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in graded["dir"].iterdir()}
     assert now == graded["snapshot"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux) to find processes")
+def test_grading_leaves_no_process_behind(graded):
+    """Kernels that looped, ignored SIGINT or died, and their children, are all gone after the run."""
+    assert graded["leftover"] == [], f"processes of the grading run left behind: {graded['leftover']}"
 
 
 def test_solution_full_marks_exercise_zero(graded):

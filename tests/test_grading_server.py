@@ -33,25 +33,31 @@ def test_grader_refuses_to_run_without_its_dependencies(tmp_path):
     assert r.stdout == "" and not out_json.exists()  # nothing graded, nothing written
 
 
+# The benchmark's kinds graded here: a course exercise solved, untouched and wrong. Its other three kinds
+# (a tampered check cell, an endless loop, a dying kernel) are graded, with a process check after the run,
+# in tests/test_grading.py's `graded` fixture on a notebook whose cells take milliseconds, so that its
+# per-cell timeout, which an endless loop waits out, can be 5 s instead of the 15 s this notebook needs.
+KINDS_HERE = ("solution", "exercise", "wrong")
+
+
 def test_grading_a_folder_of_mixed_submissions(tmp_path):
-    """6 submissions, one of each kind, --jobs 2: a report each with the expected score, exit 0, nothing
-    left running. The 50-submission version is ``python benchmarks/grading_server.py --n 50``."""
+    """3 submissions of a course exercise, --jobs 2: a report each with the expected score, exit 0,
+    nothing left running. All six kinds, 50 submissions: ``python benchmarks/grading_server.py --n 50``."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import grading_server as gs
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    kinds = gs.make_submissions(tmp_path / "subs", 6)
-    assert sorted(kinds.values()) == sorted(gs.KINDS)
+    n = len(KINDS_HERE)
+    kinds = gs.make_submissions(tmp_path / "subs", n)   # the first n kinds of the benchmark's rotation
+    assert sorted(kinds.values()) == sorted(KINDS_HERE) and set(KINDS_HERE) <= set(gs.KINDS)
     res = gs.run_grader(tmp_path / "subs", jobs=2, timeout=15, out_json=tmp_path / "grades.json")
     assert res["returncode"] == 0, res["stderr"][-3000:]
     reports = json.loads((tmp_path / "grades.json").read_text())["submissions"]
-    assert len(reports) == 6
+    assert len(reports) == n
     for r in reports:
         kind = kinds[Path(r["submission"]).stem]
         e = r["exercises"][0]
         assert (e["status"], e["points"]) == gs.EXPECTED[kind], (kind, e)
-        if kind == "tampered":
-            assert e["restored"] == "edited"
     assert res["leftover"] == [], f"processes of the grading run left behind: {res['leftover']}"
-    print(f"6 submissions, --jobs 2: {res['wall_s']:.1f} s, peak RSS {res['peak_rss'] / 2**20:.0f} MiB")
+    print(f"{n} submissions, --jobs 2: {res['wall_s']:.1f} s, peak RSS {res['peak_rss'] / 2**20:.0f} MiB")
