@@ -47,7 +47,19 @@ def tagged_pids(tag: str) -> list[int]:
 
 
 def run_two_nodes(*demo_args: str) -> tuple[list[subprocess.CompletedProcess], float]:
-    """Start node 0 and node 1 at once; wait for both; return their results and the wall time."""
+    """Start node 0 and node 1 at once; wait for both; return their results and the wall time.
+
+    Once, when neither node reached the rendezvous store (``RendezvousConnectionError`` on both: the
+    free port taken by another process before torchrun bound it, or the store's connect timing out on a
+    loaded machine; seen once, in the Colab-set run of 2026-12-05, passing when run again), the job is
+    started again on a new port: that is the test's set-up failing, not what it tests."""
+    results, wall = _run_two_nodes_once(*demo_args)
+    if all("RendezvousConnectionError" in r.stderr for r in results):
+        results, wall = _run_two_nodes_once(*demo_args)
+    return results, wall
+
+
+def _run_two_nodes_once(*demo_args: str) -> tuple[list[subprocess.CompletedProcess], float]:
     if not TORCHRUN.exists():
         pytest.skip(f"torchrun not found next to {sys.executable}")
     tag, port = uuid.uuid4().hex, free_port()
