@@ -62,12 +62,17 @@ wheel: $(TEST_STAMP)
 # there by nbval next to the library, grader and browser tests, all in one pytest run on $(JOBS) workers.
 # It prints the slowest tests and the reason for every skipped one (a missing browser, no Slurm).
 TEST_RUN = build/test-run
+# One BLAS / OpenMP thread per process while the suite runs: two workers, the known-wrong runs' kernels and
+# the clusters' ranks already share 2 cores, and a numpy or scipy call that starts OpenBLAS's threads
+# beside them mostly waits (a parametric fit of notebook 13 took 7.3 s with them against 2.7 s without,
+# next to three busy processes). Only the tests' environment: a learner's kernel keeps the defaults.
+TEST_THREADS = OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: wheel
 	$(TBIN)/python -P -m course_lib.grading build --check
 	$(TBIN)/python -P -c "import course_lib, sys; p = course_lib.__file__; \
 	    sys.exit(0 if '/site-packages/' in p else f'make test: course_lib imported from {p}, not from the installed wheel')"
 	rm -rf $(TEST_RUN) && mkdir -p $(TEST_RUN)/notebooks && cp notebooks/*.ipynb $(TEST_RUN)/notebooks/
-	cd $(TEST_RUN) && $(TBIN)/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
+	cd $(TEST_RUN) && $(TEST_THREADS) $(TBIN)/python -P -m pytest $(PYTEST_FLAGS) $(NBVAL_FLAGS) \
 	    $(CURDIR)/tests notebooks
 
 # The supported-versions matrix (CONTRIBUTING.md, "Supported versions"): Google Colab's stock image (its Python and
