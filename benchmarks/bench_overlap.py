@@ -11,6 +11,11 @@ On ``--world-size`` ranks, in interleaved rounds, the slowest rank counting, med
    all-gather through the same link, then one matmul) for hops of 0.5, 1 and 2 times a chunk's compute,
    next to the formula's ratio ``(C + (t-1) m) / (C/t + (t-1) max(C/t, m))``; and the toy expert-parallel
    layer, two micro-batches overlapped / sequential.
+3. **The hybrid GPT's gradient all-reduce** (``HybridGPT(overlap_dp=True)``, notebook 16 section 5):
+   4 blocks of width 64, dp = 4, one micro-batch of 4 sequences per rank, the GPU emulated by a
+   ``SleepLayer`` after every block (3 ms per sequence forward, 6 ms backward); the network emulated
+   by ``netem.NamespaceNetwork`` at 25 MB/s where the machine allows (root, ``ip``, ``tc``), loopback
+   otherwise (said in the output): blocking / overlapped step.
 
 Printed, never asserted (CONTRIBUTING.md, "Benchmarks").
 
@@ -76,6 +81,33 @@ def emulated(rank, world_size, hop_ratio, chunk_s, rounds):
     return {k: v[1:] for k, v in times.items()}
 
 
+def hybrid_steps(rank, world_size, rounds, t_seq=0.003):
+    import time
+    import torch.nn as nn
+    from course_lib import hybrid_gpt
+    from course_lib.mesh import init_process_mesh
+    from course_lib.models import SleepLayer
+
+    b = 16 // world_size
+
+    class EmulatedGPU(hybrid_gpt.HybridGPT):          # emulation outside HybridGPT: a sleep per block
+        def _shard_block(self, block, tp_group):
+            return nn.Sequential(super()._shard_block(block, tp_group), SleepLayer(t_seq * b))
+
+    mesh = init_process_mesh((world_size, 1, 1))
+    models = {k: EmulatedGPU(hybrid_gpt.make_model(heads=4, layers=4, hidden=64), mesh, builtin=True,
+                             overlap_dp=k == "overlapped") for k in ("blocking", "overlapped")}
+    (x, y), = hybrid_gpt.make_batches(1, 16)
+    times = {k: [] for k in models}
+    for _ in range(rounds + 1):
+        for k, h in models.items():
+            h.zero_grad()
+            t0 = time.perf_counter()
+            h.forward_backward(x, y, 1)
+            times[k].append(time.perf_counter() - t0)
+    return {k: v[1:] for k, v in times.items()}
+
+
 def slowest_median(per_rank: list[dict], key: str) -> float:
     return statistics.median(max(r[key][i] for r in per_rank) for i in range(len(per_rank[0][key])))
 
@@ -109,6 +141,14 @@ def main(argv=None) -> None:
                   f"= {b / a:.2f} (formula {bound:.2f})")
         a, b = slowest_median(res, "MoE overlapped"), slowest_median(res, "MoE sequential")
         print(f"   MoE, 2 micro-batches: sequential / overlapped = {b * 1e3:.0f} / {a * 1e3:.0f} ms = {b / a:.2f}")
+    from course_lib import netem
+    why_not = netem.namespaces_unavailable_reason()
+    with Cluster(t, network=None if why_not else netem.Link(25e6), timeout=300) as cluster:
+        res = cluster.run(hybrid_steps, args.rounds)
+        a, b = slowest_median(res, "overlapped"), slowest_median(res, "blocking")
+        net = "25 MB/s links (network namespaces)" if why_not is None else f"loopback ({why_not})"
+        print(f"3. hybrid GPT, dp = {t}, gradient all-reduce over {net}:")
+        print(f"   blocking / overlapped step = {b * 1e3:.0f} / {a * 1e3:.0f} ms = {b / a:.2f}")
 
 
 if __name__ == "__main__":

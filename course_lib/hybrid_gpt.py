@@ -112,7 +112,12 @@ class HybridGPT:
       (:func:`course_lib.context_parallel.shard_sequence`), the embedding uses the tokens' positions
       in the full sequence and every attention is causal ring attention over the ``cp`` group. Each
       ``cp`` rank's loss is the mean over its tokens, so the gradients are averaged over the ``dp x cp``
-      ranks of a (stage, tp) slice (one all-reduce over a ``dp_cp`` group), as Megatron-LM does.
+      ranks of a (stage, tp) slice (one all-reduce over a ``dp_cp`` group), as Megatron-LM does;
+    * with ``overlap_dp=True`` (notebook 16) the data-parallel average is not one all-reduce after the
+      pipeline but one per block of the stage (the embedding's and the head's parameters join the
+      first and the last block's), launched (torch's ``all_reduce(async_op=True)``, as
+      notebook 04's :class:`~course_lib.data_parallel.BucketedDDP`) as soon as that layer's gradient
+      is final, i.e. during the last micro-batch's backward, while the earlier layers still compute.
 
     The LM head is tied to the token embedding (as GPT-2). With ``pp > 1`` they live on different
     ranks, so the last stage keeps a copy and the two copies' gradients are summed over a group of
@@ -127,14 +132,20 @@ class HybridGPT:
         schedule: a name of :data:`course_lib.pipeline.SCHEDULES` without virtual stages
             (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``).
         builtin: torch's collectives for tensor and data parallelism instead of the course's rings.
+        overlap_dp: overlap the data-parallel gradient all-reduce with the backward (above); the
+            result equals the default path's to rounding. The tied embedding's copies are summed and
+            averaged after the pipeline either way.
 
     ``tp`` must divide the heads and the vocabulary, ``pp`` must not exceed the number of blocks,
     ``2 cp`` must divide the sequence length (the zig-zag layout's chunks).
     """
 
-    def __init__(self, model: nn.Module, pmesh: ProcessMesh, *, schedule: str = "1f1b", builtin: bool = False):
+    def __init__(self, model: nn.Module, pmesh: ProcessMesh, *, schedule: str = "1f1b", builtin: bool = False,
+                 overlap_dp: bool = False):
         from course_lib import pipeline
 
+        if not isinstance(overlap_dp, bool):
+            raise TypeError(f"overlap_dp must be True or False, got {overlap_dp!r}")
         if set(pmesh.mesh.names) not in (set(AXES), set(CP_AXES)):
             raise MeshError(f"HybridGPT needs a mesh with axes {AXES} or {CP_AXES}, got {pmesh.mesh.names}")
         if schedule not in pipeline.SCHEDULES or schedule in ("interleaved", "naive"):
@@ -176,6 +187,25 @@ class HybridGPT:
                     g = dist.new_group(ranks)
                     if pmesh.rank in ranks:
                         self.grad_group = g
+        self.overlap_dp = overlap_dp
+        self._buckets: list[list[nn.Parameter]] = []
+        if overlap_dp:                                  # one bucket per block, last block first
+            # the embedding's parameters join the first block's bucket, the head's the last one's; a
+            # parameter shared by two layers (the tied embedding with one stage) is final only after
+            # the backward of the earlier one, so it goes in that layer's bucket
+            seen = {id(p) for p in self._tied()}        # reduced after the pipeline (embedding group)
+            n_blocks = len(self.bounds[self.stage])
+            first_block = 1 if self.stage == 0 else 0
+            per_block: list[list[nn.Parameter]] = [[] for _ in range(n_blocks)]
+            for j, layer in enumerate(self.module):
+                ps = [p for p in layer.parameters() if id(p) not in seen]
+                seen.update(id(p) for p in ps)
+                per_block[min(max(j - first_block, 0), n_blocks - 1)].extend(ps)
+            self._buckets = [ps for ps in reversed(per_block) if ps]
+            for ps in self._buckets:
+                for p in ps:
+                    p.register_post_accumulate_grad_hook(self._grad_ready)
+        self._armed = False
 
     def _build(self, model: nn.Module) -> nn.Sequential:
         """This rank's stage of ``model``, sharded for tensor parallelism (weights copied)."""
@@ -257,21 +287,62 @@ class HybridGPT:
         xs = pipeline.split_microbatches(x, n_micro) if self.first else None
         ys = pipeline.split_microbatches(y, n_micro) if self.last else None
         sched = pipeline.make_schedule(self.schedule_name, self.pp, n_micro)
-        out = pipeline.run_schedule(sched, {self.stage: self.module}, xs, ys,
-                                    self.loss_fn if self.last else None, self.pmesh.group("pp"))
+        overlap = self.overlap_dp and sync_dp and self.dp * self.cp > 1
+        if overlap:                                     # arm the per-layer buckets (see _grad_ready)
+            self._armed, self._n_micro, self._count, self._works, self._buckets_sent = True, n_micro, {}, [], []
+        try:
+            out = pipeline.run_schedule(sched, {self.stage: self.module}, xs, ys,
+                                        self.loss_fn if self.last else None, self.pmesh.group("pp"))
+        finally:
+            self._armed = False
         for p in self._tied():                          # embedding group: sum the two copies' gradients
             g = getattr(p, "main_grad", None)           # ZeRO(reduce_dtype=...)'s fp32 gradient, if any
             self._all_reduce(p.grad if g is None else g, self.tied_group)
-        if self.dp * self.cp > 1 and sync_dp:          # data (x context) parallel: one flat bucket, then average
-            params = [p for p in self.parameters() if p.grad is not None]
+        if overlap:                                     # launch what the backward did not, wait for all
+            while len(self._works) < len(self._buckets):
+                self._launch(len(self._works))
+            for (params, flat), work in zip(self._buckets_sent, self._works):
+                work.wait()
+                self._unflatten(params, flat / (self.dp * self.cp))
+            rest = self._tied()
+        elif self.dp * self.cp > 1 and sync_dp:
+            rest = self.parameters()
+        else:
+            rest = []
+        params = [p for p in rest if p.grad is not None]
+        if params:                                      # data (x context) parallel: one flat bucket, then average
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             self._all_reduce(flat, self.grad_group)
-            flat /= self.dp * self.cp
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+            self._unflatten(params, flat / (self.dp * self.cp))
         return out["loss"]
+
+    @staticmethod
+    def _unflatten(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        """A gradient hook (``overlap_dp``): after a parameter's last micro-batch, launch every bucket
+        whose gradients are all final, in bucket order (every rank of the group must issue its
+        all-reduces in the same order)."""
+        if not self._armed:
+            return
+        self._count[id(p)] = self._count.get(id(p), 0) + 1
+        while len(self._works) < len(self._buckets) and all(
+                self._count.get(id(q), 0) >= self._n_micro for q in self._buckets[len(self._works)]):
+            self._launch(len(self._works))
+
+    @torch.no_grad()
+    def _launch(self, i: int) -> None:
+        params = self._buckets[i]
+        for p in params:                                # a layer this rank gave no gradient: zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        self._buckets_sent.append((params, flat))
+        self._works.append(dist.all_reduce(flat, group=self.grad_group, async_op=True))
 
     def _all_reduce(self, t: torch.Tensor, group) -> None:
         collectives.all_reduce(t, group=group, builtin=self.builtin)
@@ -336,10 +407,11 @@ def train_reference(steps=10, dtype=torch.float64, **cfg) -> list[float]:
 
 
 def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10, *,
-          dtype=torch.float64, schedule: str = "1f1b", cp: int = 1, **cfg) -> dict:
+          dtype=torch.float64, schedule: str = "1f1b", cp: int = 1, overlap_dp: bool = False, **cfg) -> dict:
     """One rank of a ``dp x pp x tp`` training run of the tiny GPT (AdamW, ``steps`` steps); with
     ``cp > 1`` a ``dp x pp x cp x tp`` run (mesh :data:`course_lib.mesh.CP_AXES`; ring attention over
-    the ``cp`` group, notebook 15).
+    the ``cp`` group, notebook 15). ``overlap_dp=True`` overlaps the gradient all-reduce with the
+    backward (:class:`HybridGPT`; notebook 16).
 
     Returns ``{"coords", "stage", "losses"}`` (the replica's mean loss per step on last-stage ranks,
     else ``None``), ``"seconds"`` per step and ``"n_params"`` (this rank's). To count bytes per axis,
@@ -351,7 +423,7 @@ def train(rank: int, world_size: int, dp: int, pp: int, tp: int, steps: int = 10
     dev = device()
     pm = init_process_mesh((dp, pp, tp)) if cp == 1 else init_process_mesh((dp, pp, cp, tp), CP_AXES)
     model = make_model(c["vocab"], c["block"], c["layers"], c["heads"], c["hidden"], c["seed"], dtype).to(dev)
-    h = HybridGPT(model, pm, schedule=schedule)
+    h = HybridGPT(model, pm, schedule=schedule, overlap_dp=overlap_dp)
     opt = torch.optim.AdamW(h.parameters(), lr=c["lr"])
     losses, seconds = [], []
     for x, y in make_batches(steps, c["batch"], c["block"], c["vocab"], c["seed"]):

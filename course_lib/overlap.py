@@ -348,7 +348,8 @@ def split_comm(events: Sequence[dict]) -> list[dict]:
 
 # --------------------------------------------------------------------------- the planner with overlap
 def overlapped_step_time(breakdown: dict, layout, hide: Sequence[str] = ("tp", "dp"),
-                         backward_share: float = 2 / 3) -> dict:
+                         backward_share: float = 2 / 3, buckets: int | None = None,
+                         bucket_latency: float = 0.0) -> dict:
     """Notebook 09's step time (:func:`course_lib.planner.layout_step_time`'s ``breakdown`` of ``layout``)
     when communication overlaps: step = the max of the parts that run at once + the exposed rest.
 
@@ -356,7 +357,14 @@ def overlapped_step_time(breakdown: dict, layout, hide: Sequence[str] = ("tp", "
       ``max(compute, tp)`` instead of their sum, in the ``m`` slots and in the ``pp - 1`` of the bubble;
     * ``"dp"`` in ``hide`` (DDP's buckets, ZeRO's reduce-scatters launched during the backward): the
       gradient all-reduce runs during the last micro-batch's backward, ``backward_share`` of its compute
-      (2/3: the backward does twice the forward's FLOPs), and only the rest is exposed;
+      (2/3: the backward does twice the forward's FLOPs), and only the rest is exposed. With
+      ``buckets=None`` the gradients stream out as the backward makes them (exposed: ``dp`` minus that
+      backward, or nothing); with ``buckets=k`` (one all-reduce per block, as
+      :class:`~course_lib.hybrid_gpt.HybridGPT` with ``overlap_dp=True`` sends them) bucket ``j`` is
+      ready after ``j/k`` of that backward, the buckets travel one after another, each taking
+      ``(dp - bucket_latency) / k + bucket_latency`` (``bucket_latency``: what every all-reduce costs
+      whatever its size, ``2 (N-1) alpha`` for a ring, counted once in ``dp``), and the last bucket,
+      ready only when the backward ends, is always exposed;
     * the pipeline's hops stay exposed (the fill and drain are on the critical path; overlapping the
       steady state's is a further refinement).
 
@@ -370,10 +378,22 @@ def overlapped_step_time(breakdown: dict, layout, hide: Sequence[str] = ("tp", "
         raise ValueError(f"breakdown lacks {sorted(missing)}; pass planner.layout_step_time(...)'s dict")
     if not 0 <= backward_share <= 1:
         raise ValueError(f"backward_share is a fraction in [0, 1], got {backward_share!r}")
+    if buckets is not None:
+        buckets = _pos_int("buckets", buckets)
+    if not bucket_latency >= 0:
+        raise ValueError(f"bucket_latency is seconds >= 0, got {bucket_latency!r}")
     m, pp = _pos_int("layout.m", layout.m), _pos_int("layout.pp", layout.pp)
     t_mb, tp_mb = breakdown["compute"] / m, breakdown["tp"] / m
     slot = max(t_mb, tp_mb) if "tp" in hide else t_mb + tp_mb
-    dp = max(0.0, breakdown["dp"] - backward_share * t_mb) if "dp" in hide else breakdown["dp"]
+    dp, backward = breakdown["dp"], backward_share * t_mb      # the last micro-batch's backward
+    if "dp" in hide and dp > 0:
+        if buckets is None:
+            dp = max(0.0, dp - backward)
+        else:
+            each, done = (max(dp - bucket_latency, 0.0)) / buckets + bucket_latency, 0.0
+            for j in range(1, buckets + 1):                     # bucket j ready at j/k of the backward
+                done = max(done, j / buckets * backward) + each
+            dp = done - backward
     out = {"compute": breakdown["compute"], "tp": m * slot - breakdown["compute"], "pp": breakdown["pp"],
            "bubble": (pp - 1) * slot, "dp": dp}
     out["step"] = sum(out.values())

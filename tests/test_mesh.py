@@ -259,6 +259,51 @@ def test_builtin_collectives_give_the_same_gradients(cluster4):
     assert max(r["err"] for r in res) < 1e-12
 
 
+def _overlap_case(rank, world_size, shape, micro):
+    """Gradients with ``overlap_dp`` vs without (same model, same batch), and when each bucket was sent."""
+    import torch.distributed as dist
+    from course_lib.hybrid_gpt import make_batches, make_model
+
+    class Spy(hybrid_gpt.HybridGPT):
+        def _launch(self, i):
+            launched.append((i, self._armed))      # armed = inside the pipeline's backward
+            super()._launch(i)
+
+    pm = M.init_process_mesh(shape)
+    (x, y), = make_batches(1)
+    grads = {}
+    for overlap in (False, True):
+        launched = []
+        h = Spy(make_model(layers=4), pm, overlap_dp=overlap)
+        h.forward_backward(x, y, micro)
+        grads[overlap] = [p.grad.clone() for p in h.parameters()]
+    err = max(float((a - b).abs().max()) for a, b in zip(grads[False], grads[True]))
+    return {"err": err, "launched": launched, "buckets": len(h._buckets), "stage": h.stage,
+            "bucket_sizes": [sum(p.numel() for p in b) for b in h._buckets], "dp_group": dist.get_world_size(h.grad_group)}
+
+
+@pytest.mark.parametrize("shape, micro", [((4, 1, 1), 1), ((4, 1, 1), 4), ((2, 2, 1), 2), ((2, 1, 2), 2)])
+def test_overlapped_gradient_all_reduce_equals_the_blocking_one(cluster4, shape, micro):
+    """overlap_dp: one all-reduce per block, each launched from a gradient hook during the backward of
+    the last micro-batch (in bucket order), and the same averaged gradients as one all-reduce after the
+    pipeline. Launching a bucket before its last micro-batch would send a partial sum: the error test
+    fails then."""
+    res = cluster4.run(_overlap_case, shape, micro)
+    assert max(r["err"] for r in res) < 1e-12
+    for r in res:
+        assert r["buckets"] == 4 // shape[1]                     # one per block of the stage
+        assert [i for i, _ in r["launched"]] == list(range(r["buckets"]))
+        assert all(armed for _, armed in r["launched"])         # every bucket left during the backward
+    one_stage = [r for r in res if shape[1] == 1][:1]
+    for r in one_stage:                                          # the tied embedding joins block 0's bucket
+        assert r["bucket_sizes"][-1] > r["bucket_sizes"][0]
+
+
+def test_overlap_dp_must_be_a_bool():
+    with pytest.raises(TypeError, match="overlap_dp must be True or False"):
+        hybrid_gpt.HybridGPT.__init__(object.__new__(hybrid_gpt.HybridGPT), None, None, overlap_dp="yes")
+
+
 @pytest.mark.parametrize("shape", [(2, 1, 2, 1), (1, 1, 2, 2)], ids=["dp2xcp2", "cp2xtp2"])
 def test_context_parallel_training_equals_one_process(cluster4, shape):
     """Ring attention over the cp axis: gradients and the loss curve equal one process's, and the cp

@@ -127,6 +127,29 @@ def test_overlapped_step_time_builds_on_the_planners_breakdown():
     assert both["hidden"] == pytest.approx(br["step"] - both["step"])
     with pytest.raises(ValueError, match="hide may name"):
         O.overlapped_step_time(br, lay, hide=("pp",))
+    with pytest.raises(ValueError, match="buckets must be an int >= 1"):
+        O.overlapped_step_time(br, lay, buckets=0)
+    with pytest.raises(ValueError, match="bucket_latency is seconds"):
+        O.overlapped_step_time(br, lay, buckets=2, bucket_latency=-1.0)
+
+
+def test_overlap_of_dp_in_buckets_always_exposes_the_last_bucket():
+    """k buckets, bucket j ready at j/k of the last micro-batch's backward B, sent one after another."""
+    lay = planner.Layout(dp=4, tp=1, pp=1, micro_batch=1, m=1)
+    br = {"compute": 6.0, "tp": 0.0, "pp": 0.0, "bubble": 0.0, "dp": 4.0}      # B = 2/3 of 6 s = 4 s
+    br["step"] = sum(br.values())
+    # 4 buckets of 1 s, ready at 1, 2, 3, 4 s: done at 2, 3, 4, 5 s -> 1 s exposed (the last bucket)
+    assert O.overlapped_step_time(br, lay, hide=("dp",), buckets=4)["dp"] == pytest.approx(1.0)
+    # one bucket is ready only at the end: nothing hidden
+    assert O.overlapped_step_time(br, lay, hide=("dp",), buckets=1)["dp"] == pytest.approx(4.0)
+    # many small buckets approach the streaming bound max(0, dp - B) ...
+    assert O.overlapped_step_time(br, lay, hide=("dp",), buckets=1000)["dp"] == pytest.approx(0.0, abs=0.01)
+    assert O.overlapped_step_time(br, lay, hide=("dp",))["dp"] == pytest.approx(0.0)
+    # ... unless every all-reduce pays a latency: 4 buckets of (4 - 0.4) / 4 + 0.4 = 1.3 s, ready at 1..4 s
+    assert O.overlapped_step_time(br, lay, hide=("dp",), buckets=4, bucket_latency=0.4)["dp"] == pytest.approx(
+        1 + 4 * 1.3 - 4)
+    slow = dict(br, dp=12.0, step=18.0)                                         # comm outlasts the backward
+    assert O.overlapped_step_time(slow, lay, hide=("dp",), buckets=4)["dp"] == pytest.approx(1 + 12 - 4)
     with pytest.raises(ValueError, match="lacks"):
         O.overlapped_step_time({"compute": 1.0}, lay)
 
