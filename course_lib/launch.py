@@ -52,7 +52,8 @@ import cloudpickle
 
 from course_lib._worker import SENTINEL
 
-__all__ = ["Cluster", "RankError", "run", "init_from_env", "device", "jax_cpu_devices", "xla_flag_known"]
+__all__ = ["Cluster", "RankError", "run", "init_from_env", "device", "jax_cpu_devices", "xla_flag_known",
+           "pids_with_env"]
 
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GRACE_S = 3.0  # after one rank fails, how long the others get to finish on their own
@@ -617,6 +618,36 @@ def _stop_all() -> None:
 
 
 # --------------------------------------------------------------------------------- torchrun
+def pids_with_env(entry: str, within: float = 0.0) -> list[int]:
+    """Processes (other than this one) whose environment holds ``entry`` (``"NAME=value"``), read from
+    Linux's ``/proc``: how the course's tests and the grading benchmark check that a run left no process
+    behind (they start it with a unique tag in its environment, which every child inherits). With
+    ``within`` > 0, scans again every 0.2 s for up to that many seconds while the list is not empty
+    (killed processes take a moment to be reaped). Raises ``OSError`` where there is no ``/proc``."""
+    if "=" not in entry:
+        raise ValueError(f"entry must be 'NAME=value', got {entry!r}")
+    if not os.path.exists("/proc/self/environ"):
+        raise OSError("pids_with_env reads /proc/<pid>/environ (Linux); this system has none")
+    needle = entry.encode()
+
+    def scan() -> list[int]:
+        out = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    with open(f"/proc/{name}/environ", "rb") as f:
+                        if needle in f.read().split(b"\0"):
+                            out.append(int(name))
+                except OSError:        # gone meanwhile, or not ours to read
+                    pass
+        return out
+
+    end = time.monotonic() + within
+    while (left := scan()) and time.monotonic() < end:
+        time.sleep(0.2)
+    return left
+
+
 def init_from_env(backend: str | None = None, timeout=None) -> tuple[int, int]:
     """Initialise the default process group from ``torchrun``'s environment; return ``(rank, world_size)``.
 

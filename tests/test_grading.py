@@ -24,6 +24,7 @@ from course_lib.grading import NotebookError, build, grade, load_solutions, make
 from course_lib.grading.__main__ import main
 from course_lib.grading.grade import grade_one, identify_notebook, prepare_submission
 from course_lib.grading.notebook import grade_id
+from course_lib.launch import pids_with_env
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -325,23 +326,7 @@ def graded(course):
 def processes_tagged(tag: str, within: float = 10.0) -> list[int]:
     """Pids whose environment carries ``COURSE_GRADING_TAG=tag``, after up to ``within`` seconds for
     killed kernels to be reaped."""
-    needle = f"COURSE_GRADING_TAG={tag}".encode()
-
-    def scan():
-        out = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    if needle in (d / "environ").read_bytes().split(b"\0"):
-                        out.append(int(d.name))
-                except OSError:
-                    pass
-        return out
-
-    end = time.monotonic() + within
-    while (left := scan()) and time.monotonic() < end:
-        time.sleep(0.2)
-    return left
+    return pids_with_env(f"COURSE_GRADING_TAG={tag}", within)
 
 
 def ex_of(report, gid):

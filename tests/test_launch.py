@@ -434,3 +434,23 @@ def test_ranks_fork_from_the_template_and_can_start_as_interpreters():
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COURSE_NO_ZYGOTE": "1"})
     assert out.returncode == 0 and out.stdout.strip().endswith("True"), out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc (Linux)")
+def test_pids_with_env_finds_a_tagged_process_until_it_is_gone():
+    import subprocess
+    from course_lib.launch import pids_with_env
+    tag = f"COURSE_TEST_TAG=pids-{os.getpid()}"
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         env={**os.environ, tag.split("=")[0]: tag.split("=", 1)[1]})
+    try:
+        deadline = time.monotonic() + 10
+        while not (found := pids_with_env(tag)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert found == [p.pid]                       # the child; never this process
+    finally:
+        p.kill()
+        p.wait()
+    assert pids_with_env(tag, within=5) == []
+    with pytest.raises(ValueError, match="NAME=value"):
+        pids_with_env("COURSE_TEST_TAG")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.launch import pids_with_env
+
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 JOB_TIMEOUT = 120  # seconds for a whole 2-node job; it needs about 10 s on 2 idle cores
 
@@ -34,16 +36,7 @@ def free_port() -> int:
 
 def tagged_pids(tag: str) -> list[int]:
     """Processes whose environment carries ``COURSE_TEST_TAG=tag`` (the job's agents and workers)."""
-    needle = f"COURSE_TEST_TAG={tag}".encode()
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if needle in (d / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(d.name))
-            except OSError:  # gone meanwhile, or not ours to read
-                pass
-    return pids
+    return pids_with_env(f"COURSE_TEST_TAG={tag}")
 
 
 def run_two_nodes(*demo_args: str) -> tuple[list[subprocess.CompletedProcess], float]:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.launch import pids_with_env
+
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "squeue", "scancel", "sinfo")
 NODES = ("n1", "n2")
 JOB_TIMEOUT = 120
@@ -166,7 +168,7 @@ def slurm_cluster(tmp_path_factory):
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 10
-        while (left := _pids_with_env(f"SLURM_CONF={conf}")) and time.monotonic() < deadline:
+        while (left := pids_with_env(f"SLURM_CONF={conf}")) and time.monotonic() < deadline:
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -185,21 +187,7 @@ def _wait_for(cond, timeout: float, what: str, logs) -> None:
 
 def _tagged_pids(tag: str) -> list[int]:
     """Processes whose environment carries ``COURSE_TEST_TAG=tag`` (the job's agents and workers)."""
-    return _pids_with_env(f"COURSE_TEST_TAG={tag}")
-
-
-def _pids_with_env(entry: str) -> list[int]:
-    """Processes (other than this one) whose environment holds ``entry`` (``NAME=value``)."""
-    needle = entry.encode()
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if int(p.name) != os.getpid() and needle in (p / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(p.name))
-            except OSError:
-                pass
-    return pids
+    return pids_with_env(f"COURSE_TEST_TAG={tag}")
 
 
 def _submit(cluster, name: str, *demo_args: str) -> tuple[str, str, str, float]:
