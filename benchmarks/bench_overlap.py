@@ -29,9 +29,22 @@ import statistics
 import time
 
 
+def interleaved_rounds(fns: dict, rounds: int) -> dict:
+    """Seconds of each ``fns`` entry per round, all ranks starting each call together (a barrier), in
+    ``rounds + 1`` interleaved rounds of which the first (warm-up) is dropped."""
+    import torch.distributed as dist
+    times = {k: [] for k in fns}
+    for _ in range(rounds + 1):
+        for k, fn in fns.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: v[1:] for k, v in times.items()}
+
+
 def loopback(rank, world_size, tokens, hidden, rounds):
     import torch
-    import torch.distributed as dist
     from course_lib import overlap as O
 
     torch.manual_seed(0)
@@ -42,19 +55,11 @@ def loopback(rank, world_size, tokens, hidden, rounds):
            "all_gather_single + matmul": lambda: O.all_gather_then_matmul(x, w),
            "matmul_reduce_scatter": lambda: O.matmul_reduce_scatter(x2, w2),
            "matmul + reduce_scatter_single": lambda: O.matmul_then_reduce_scatter(x2, w2)}
-    times = {k: [] for k in fns}
-    for _ in range(rounds + 1):                    # the first round warms up
-        for k, fn in fns.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: v[1:] for k, v in times.items()}
+    return interleaved_rounds(fns, rounds)
 
 
 def emulated(rank, world_size, hop_ratio, chunk_s, rounds):
     import torch
-    import torch.distributed as dist
     from course_lib import overlap as O
     from course_lib.netem import AsyncPacedTransport, Link
 
@@ -71,18 +76,10 @@ def emulated(rank, world_size, hop_ratio, chunk_s, rounds):
                xs, w_pre, w_exp, overlap=True, transport=AsyncPacedTransport(a2a), mm=O.PacedMatmul(chunk_s)),
            "MoE sequential": lambda: O.expert_parallel_microbatches(
                xs, w_pre, w_exp, overlap=False, transport=AsyncPacedTransport(a2a), mm=O.PacedMatmul(chunk_s))}
-    times = {k: [] for k in fns}
-    for _ in range(rounds + 1):
-        for k, fn in fns.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: v[1:] for k, v in times.items()}
+    return interleaved_rounds(fns, rounds)
 
 
 def hybrid_steps(rank, world_size, rounds, t_seq=0.003):
-    import time
     import torch.nn as nn
     from course_lib import hybrid_gpt
     from course_lib.mesh import init_process_mesh
@@ -98,14 +95,8 @@ def hybrid_steps(rank, world_size, rounds, t_seq=0.003):
     models = {k: EmulatedGPU(hybrid_gpt.make_model(heads=4, layers=4, hidden=64), mesh, builtin=True,
                              overlap_dp=k == "overlapped") for k in ("blocking", "overlapped")}
     (x, y), = hybrid_gpt.make_batches(1, 16)
-    times = {k: [] for k in models}
-    for _ in range(rounds + 1):
-        for k, h in models.items():
-            h.zero_grad()
-            t0 = time.perf_counter()
-            h.forward_backward(x, y, 1)
-            times[k].append(time.perf_counter() - t0)
-    return {k: v[1:] for k, v in times.items()}
+    return interleaved_rounds({k: (lambda h=h: (h.zero_grad(), h.forward_backward(x, y, 1)))
+                               for k, h in models.items()}, rounds)
 
 
 def slowest_median(per_rank: list[dict], key: str) -> float:
