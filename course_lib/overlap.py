@@ -390,7 +390,7 @@ def overlapped_step_time(breakdown: dict, layout, hide: Sequence[str] = ("tp", "
         if buckets is None:
             dp = max(0.0, dp - backward)
         else:
-            each, done = (max(dp - bucket_latency, 0.0)) / buckets + bucket_latency, 0.0
+            each, done = max(dp - bucket_latency, 0.0) / buckets + bucket_latency, 0.0
             for j in range(1, buckets + 1):                     # bucket j ready at j/k of the backward
                 done = max(done, j / buckets * backward) + each
             dp = done - backward
