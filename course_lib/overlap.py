@@ -366,7 +366,8 @@ def overlapped_step_time(breakdown: dict, layout, hide: Sequence[str] = ("tp", "
       whatever its size, ``2 (N-1) alpha`` for a ring, counted once in ``dp``), and the last bucket,
       ready only when the backward ends, is always exposed;
     * the pipeline's hops stay exposed (the fill and drain are on the critical path; overlapping the
-      steady state's is a further refinement).
+      steady state's is a further refinement), and so does context parallelism's ring (``cp``, when the
+      breakdown has it: each bubble slot keeps its cp time as the planner's does).
 
     Returns the breakdown's keys with ``tp`` and ``dp`` replaced by their exposed seconds, plus
     ``hidden`` (seconds saved) and ``step``. Assumes overlap is free: on GPUs it is not (the notebook)."""
@@ -394,8 +395,11 @@ def overlapped_step_time(breakdown: dict, layout, hide: Sequence[str] = ("tp", "
             for j in range(1, buckets + 1):                     # bucket j ready at j/k of the backward
                 done = max(done, j / buckets * backward) + each
             dp = done - backward
+    cp = breakdown.get("cp", 0.0)                             # the ring's exposed time (notebook 15)
     out = {"compute": breakdown["compute"], "tp": m * slot - breakdown["compute"], "pp": breakdown["pp"],
-           "bubble": (pp - 1) * slot, "dp": dp}
+           "bubble": (pp - 1) * (slot + cp / m), "dp": dp}
+    if "cp" in breakdown:
+        out["cp"] = cp
     out["step"] = sum(out.values())
     out["hidden"] = breakdown["step"] - out["step"]
     return out

@@ -143,8 +143,10 @@ def test_planner_learns_context_parallelism_opt_in():
     from course_lib.context_parallel import ring_attention_bytes
     from course_lib.estimate import activation_bytes_per_layer
     gpt3 = planner.GPT3_175B
-    assert ([str(l) for l in planner.enumerate_layouts(gpt3, 64)]
-            == [str(l) for l in planner.enumerate_layouts(gpt3, 64, cp=(1,))])
+    default, with_cp2 = planner.enumerate_layouts(gpt3, 64), planner.enumerate_layouts(gpt3, 64, cp=(1, 2))
+    assert default and all(l.cp == 1 for l in default)
+    assert len(with_cp2) > len(default) and any(l.cp == 2 for l in with_cp2)
+    assert [str(l) for l in with_cp2 if l.cp == 1] == [str(l) for l in default]
     base = planner.Layout(dp=4, tp=8, pp=4, micro_batch=1, m=16)
     with_cp = planner.Layout(dp=2, tp=8, pp=4, micro_batch=1, m=32, cp=2)
     a, b = planner.layout_memory(gpt3, base), planner.layout_memory(gpt3, with_cp)
@@ -291,6 +293,7 @@ def test_overlapped_gradient_all_reduce_equals_the_blocking_one(cluster4, shape,
     res = cluster4.run(_overlap_case, shape, micro)
     assert max(r["err"] for r in res) < 1e-12
     for r in res:
+        assert r["dp_group"] == shape[0]                          # the buckets go over the dp group
         assert r["buckets"] == 4 // shape[1]                     # one per block of the stage
         assert [i for i, _ in r["launched"]] == list(range(r["buckets"]))
         assert all(armed for _, armed in r["launched"])         # every bucket left during the backward

@@ -133,6 +133,22 @@ def test_overlapped_step_time_builds_on_the_planners_breakdown():
         O.overlapped_step_time(br, lay, buckets=2, bucket_latency=-1.0)
 
 
+def test_overlap_keeps_the_context_parallel_ring_exposed():
+    """A layout with cp > 1: hiding nothing gives the planner's step back, cp included (in its own term and
+    in every bubble slot); hiding tp and dp never touches the cp time."""
+    gpt3, h100 = planner.GPT3_175B, planner.h100_cluster(16)
+    plans = [l for l in planner.plan_layouts(gpt3, h100, cp=(1, 2)) if l.cp == 2 and l.pp > 1]
+    assert plans
+    for lay in plans[:5]:
+        br = lay.time
+        assert br["cp"] > 0
+        none = O.overlapped_step_time(br, lay, hide=())
+        assert none["step"] == pytest.approx(br["step"]) and none["hidden"] == pytest.approx(0.0, abs=1e-12)
+        assert none["cp"] == br["cp"] and none["bubble"] == pytest.approx(br["bubble"])
+        both = O.overlapped_step_time(br, lay)
+        assert both["cp"] == br["cp"] and both["step"] <= br["step"]
+
+
 def test_overlap_of_dp_in_buckets_always_exposes_the_last_bucket():
     """k buckets, bucket j ready at j/k of the last micro-batch's backward B, sent one after another."""
     lay = planner.Layout(dp=4, tp=1, pp=1, micro_batch=1, m=1)
