@@ -130,6 +130,12 @@ CASES = [
         "zero": ["traffic_per_gpu"],
     },
     {
+        "name": "the ring's bytes from ZeRO's per-step formula (course_lib.zero.comm_bytes_per_step, switched off)",
+        "cells": {"ex-traffic": TRAFFIC.format(**{**TRAFFIC_OK, "ring": (
+            "__import__('course_lib.zero', fromlist=['zero']).comm_bytes_per_step(nbytes, 0, n, 1)")})},
+        "zero": ["traffic_per_gpu"],
+    },
+    {
         "name": "calls the planner's layout_traffic (switched off during the check)",
         "cells": {"ex-traffic": ("def traffic_per_gpu(model, layout, stage, bytes_per_value=2):\n"
                                  "    return planner.layout_traffic(model, layout, stage, bytes_per_value)\n")},
