@@ -26,7 +26,8 @@ Every function takes its process group (``group=``) and an optional point-to-poi
 (e.g. :class:`course_lib.netem.AsyncPacedTransport`, an emulated link) and ``mm`` (the function that
 multiplies, default ``torch.matmul``; :class:`PacedMatmul` emulates a GPU's compute time), so the
 emulation stays outside the technique. Buffers are allocated on the device of the inputs; messages go
-through :class:`course_lib.collectives`' one posting place, paired as NCCL needs them.
+through :class:`course_lib.collectives`' one posting place, paired send-before-receive as NCCL would
+need them. Run on gloo/CPU only so far: no GPU or NCCL run of these layers yet.
 """
 
 from __future__ import annotations

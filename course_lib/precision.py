@@ -559,7 +559,8 @@ def dequantize_fp8(q: torch.Tensor, scale) -> torch.Tensor:
 def fp8_matmul(a: torch.Tensor, b: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn, *,
                scaling: str = "tensor", accumulate: str = "fp32", interval: int = 128,
                acc_mantissa_bits: int = ACC_MANTISSA_BITS, rounding: str = "truncate") -> torch.Tensor:
-    """``a @ b`` as an FP8 GEMM computes it, emulated on any device. Returns float32.
+    """``a @ b`` as an FP8 GEMM computes it, emulated in float32 arithmetic (written device-agnostic;
+    tested on CPU only). Returns float32.
 
     Inputs: ``a`` is ``(m, k)``, ``b`` is ``(k, n)``; each is rounded to ``fmt`` with its own scales:
 
@@ -786,7 +787,8 @@ def round_mantissa(x: torch.Tensor, bits: int, rounding: str = "truncate") -> to
     ``rounding="truncate"`` drops the low bits (round toward zero: what an adder does that aligns its
     operands and shifts out the bits below its width; how Hopper's FP8 accumulator rounds is not
     documented, so this is a model); ``"nearest"`` rounds to nearest, ties to even. Works on the bits
-    (an int32 view), so it is exact and runs on any device. inf and NaN are not supported.
+    (an int32 view), so it is exact (written device-agnostic; tested on CPU only). inf and NaN are not
+    supported.
     """
     if x.dtype != torch.float32:
         raise TypeError(f"round_mantissa works on float32 tensors, got {x.dtype}; call .float() first")
