@@ -81,10 +81,6 @@ def _check_2d(name: str, t) -> None:
                          f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
 
 
-def _out_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
-    return torch.result_type(a, b)
-
-
 class _Comm:
     """One posted exchange, recorded in the active :class:`course_lib.trace.Recorder` (if any) as a
     ``comm`` event from its posting until ``wait()`` has returned."""
@@ -93,8 +89,8 @@ class _Comm:
         self._rec = trace.current()
         self._start = self._rec.now() if self._rec is not None else 0.0
         self._name = name
-        self._sent = sum(t.numel() * t.element_size() for t, _ in sends)
-        self._recv = sum(t.numel() * t.element_size() for t, _ in recvs)
+        self._sent = sum(collectives._nbytes(t) for t, _ in sends)
+        self._recv = sum(collectives._nbytes(t) for t, _ in recvs)
         self._posted = g.exchange(sends=sends, recvs=recvs, tag=tag)
 
     def wait(self) -> None:
@@ -139,7 +135,7 @@ def all_gather_matmul(x: torch.Tensor, w: torch.Tensor, group=None, *, transport
     mm = torch.matmul if mm is None else mm
     g = collectives._Group(group, transport)
     t, r, rows = g.size, g.rank, x.shape[0]
-    out = torch.empty((t * rows, w.shape[1]), dtype=_out_dtype(x, w), device=x.device)    # (n, f)
+    out = torch.empty((t * rows, w.shape[1]), dtype=torch.result_type(x, w), device=x.device)    # (n, f)
     held = x.contiguous()                                                                  # (n/t, h)
     for k in range(t):
         src = (r - k) % t                                   # whose rows this rank holds now
