@@ -542,7 +542,7 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, scal
         amax = xf.abs().max() if xf.numel() else torch.tensor(0.0, device=xf.device)
         if not torch.isfinite(amax):
             raise ValueError("x holds inf or NaN; per-tensor scaling needs a finite amax")
-        scale = torch.where(amax > 0, fmax * 2.0 ** -margin / amax, torch.tensor(1.0, device=xf.device))
+        scale = _scale_from_amax(amax, dtype, margin)
     scale = torch.as_tensor(scale, dtype=torch.float32, device=xf.device)
     if not (scale > 0 and torch.isfinite(scale)):
         raise ValueError(f"scale must be a positive finite number, got {scale.item()}")
@@ -643,6 +643,12 @@ def _last_dim_groups(x: torch.Tensor, size: int, name: str, what: str, fix: str)
     return x.float().reshape(*x.shape[:-1], n // size, size)
 
 
+def _scale_from_amax(amax: torch.Tensor, fmt: torch.dtype, margin: int = 0) -> torch.Tensor:
+    """The scale that maps ``amax`` (a tensor of them: one per tensor, block or shard) onto ``fmt``'s
+    largest value, ``2**-margin`` below it; 1 where ``amax`` is 0 (an all-zero tensor)."""
+    return torch.where(amax > 0, torch.finfo(fmt).max * 2.0 ** -margin / amax, torch.ones_like(amax))
+
+
 def _check_positive_int(v, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -717,7 +723,7 @@ def quantize_blockwise(x: torch.Tensor, block: tuple[int, int] = (1, BLOCK),
     if not torch.isfinite(amax).all():
         raise ValueError("x holds inf or NaN; block scaling needs finite values")
     fmax = torch.finfo(fmt).max
-    scales = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    scales = _scale_from_amax(amax, fmt)
     q = (g * scales.unsqueeze(-1)).clamp(-fmax, fmax).to(fmt)
     return _unblocks(q, block), scales
 
@@ -867,9 +873,7 @@ def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def int4_bits_per_weight(group_size: int = 128, scale_bits: int = 16) -> float:
     """Storage per weight: 4 bits plus the group's scale shared by ``group_size`` weights
     (``4 + 16/128 = 4.125`` bits with 16-bit scales and groups of 128)."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    return 4 + scale_bits / group_size
+    return 4 + scale_bits / _check_positive_int(group_size, "group_size")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -908,7 +912,7 @@ def fp8_all_gather(shard: torch.Tensor, group=None, fmt: torch.dtype = torch.flo
     gmax = amaxes.max()
     if not torch.isfinite(gmax):
         raise ValueError("a shard holds inf or NaN; FP8 scaling needs finite weights")
-    scale = torch.where(gmax > 0, torch.finfo(fmt).max / gmax, torch.ones_like(gmax))
+    scale = _scale_from_amax(gmax, fmt)
     q, scale = quantize_fp8(flat, fmt, scale=scale)
     n = flat.numel()
     pad = -n % 4                          # whole int32 words: 4 FP8 bytes travel as one int32
