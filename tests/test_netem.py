@@ -54,6 +54,36 @@ def test_paced_transport_is_correct_and_never_faster_than_the_link():
     assert ring >= 2 * (world - 1) / world * N_BYTES / LINK.bandwidth * 0.99, ring
 
 
+def async_worker(rank, world_size, link, nbytes):
+    """Rank 0 sends one message to rank 1 with the async transport: how long isend and wait took."""
+    import torch.distributed as dist
+    tr = netem.AsyncPacedTransport(link)
+    buf = torch.full((nbytes // 4,), float(rank))
+    dist.barrier()
+    t0 = time.perf_counter()
+    if rank == 0:
+        work = tr.isend(buf, 1)
+        posted = time.perf_counter() - t0
+        work.wait()
+        return {"posted": posted, "done": time.perf_counter() - t0}
+    work = tr.irecv(buf, 0)
+    posted = time.perf_counter() - t0
+    work.wait()
+    return {"posted": posted, "done": time.perf_counter() - t0, "got": bool((buf == 0).all())}
+
+
+def test_async_paced_transport_returns_at_once_and_waits_for_the_link():
+    """isend/irecv return without the link time; wait() holds the sender for its uplink and the receiver
+    for its downlink plus the latency (notebook 16's overlap rests on this)."""
+    link, nbytes = netem.Link(bandwidth=10e6, latency=0.010), 1 << 20       # 105 ms + 10 ms
+    with Cluster(2, timeout=60) as c:
+        send, recv = c.run(async_worker, link, nbytes)
+    wire = nbytes / link.bandwidth
+    assert send["posted"] < 0.2 * wire and recv["posted"] < 0.2 * wire, (send, recv)
+    assert send["done"] >= wire * 0.99, send
+    assert recv["done"] >= wire + link.latency - 1e-3 and recv["got"], recv
+
+
 def test_paced_transport_needs_a_link():
     with pytest.raises(TypeError, match="Link"):
         netem.PacedTransport(25e6)
