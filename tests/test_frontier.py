@@ -13,7 +13,6 @@ import sys
 from dataclasses import asdict
 
 import pytest
-import torch
 
 from course_lib import frontier as FR
 from course_lib.fault import FaultPlan, run_with_restarts

@@ -83,10 +83,8 @@ def _run_two_nodes_once(*demo_args: str) -> tuple[list[subprocess.CompletedProce
             os.kill(pid, signal.SIGKILL)
         return None
     wall = time.monotonic() - t0
-    deadline = time.monotonic() + 10  # workers killed by their agent may need a moment to be reaped
-    while tagged_pids(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = tagged_pids(tag)
+    # workers killed by their agent may need a moment to be reaped
+    left = pids_with_env(f"COURSE_TEST_TAG={tag}", within=10)
     assert not left, f"processes of the job left behind: {left}"
     return results, wall
 

@@ -77,7 +77,6 @@ def test_decomposed_layers_equal_the_plain_ones_and_send_t_minus_1_chunks(cluste
 
 
 def _timed(rank, world_size, link_bw, seconds):
-    import time
     import torch
     import torch.distributed as dist
     from course_lib import overlap as O, trace

@@ -185,11 +185,6 @@ def _wait_for(cond, timeout: float, what: str, logs) -> None:
         time.sleep(0.3)
 
 
-def _tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries ``COURSE_TEST_TAG=tag`` (the job's agents and workers)."""
-    return pids_with_env(f"COURSE_TEST_TAG={tag}")
-
-
 def _submit(cluster, name: str, *demo_args: str) -> tuple[str, str, str, float]:
     """Submit the batch script on both nodes; wait for the job; return its state, exit code and wall time.
 
@@ -220,10 +215,8 @@ def _submit(cluster, name: str, *demo_args: str) -> tuple[str, str, str, float]:
         subprocess.run([_which("scancel"), job], env=env)
         pytest.fail(f"job {job} did not end within {JOB_TIMEOUT} s (state {state})\n{logs()}")
     wall = time.monotonic() - t0
-    deadline = time.monotonic() + 10  # steps killed by slurmd may need a moment to be reaped
-    while _tagged_pids(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _tagged_pids(tag), f"processes of job {job} left behind: {_tagged_pids(tag)}"
+    left = pids_with_env(f"COURSE_TEST_TAG={tag}", within=10)   # steps killed by slurmd: a moment to be reaped
+    assert not left, f"processes of job {job} left behind: {left}"
     text = out.read_text(errors="replace") if out.exists() else "(no job output)"
     return state, code, text + "\n" + logs(), wall
 
